@@ -1,0 +1,172 @@
+//! A network's datapath in the kernel: programs and maps loaded and pinned once, then reused by
+//! every later ADD; endpoints and TCX links added and removed per attachment. Every operation
+//! runs under a node-wide lock (flock on the bpffs root) so concurrent ADDs load only once and a
+//! DEL never removes the pins an ADD is about to use.
+use std::{
+    fs::{self, DirBuilder, File},
+    io::ErrorKind,
+    net::Ipv4Addr,
+    os::unix::fs::DirBuilderExt as _,
+    path::Path,
+};
+
+use aya::{
+    EbpfLoader,
+    maps::{HashMap, Map, MapData},
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType,
+        links::FdLink,
+        tc::TcAttachOptions,
+    },
+};
+use ebpf_common::{Endpoint, IpKey, names};
+use nix::fcntl::{Flock, FlockArg};
+
+use super::pins::Pins;
+use crate::cni::{CniError, CniResult, Context, ErrorCode};
+
+/// The TC object built from `ebpf/`, with BTF, embedded at build time.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni"));
+
+pub struct Datapath {
+    pins: Pins,
+    _lock: Flock<File>,
+}
+
+impl Datapath {
+    /// Locks the bpffs root (creating it, mode 0700) for the lifetime of the value.
+    pub fn lock(root: &Path, network: &str) -> CniResult<Self> {
+        DirBuilder::new().recursive(true).mode(0o700).create(root).cni(
+            ErrorCode::DATAPATH,
+            format!("cannot create {}: is bpffs mounted?", root.display()),
+        )?;
+        let on_bpffs = nix::sys::statfs::statfs(root)
+            .is_ok_and(|s| s.filesystem_type().0 as i64 == libc::BPF_FS_MAGIC as i64);
+        if !on_bpffs {
+            return Err(CniError::new(ErrorCode::DATAPATH, format!("{} is not on a bpffs mount", root.display())));
+        }
+        let dir = File::open(root).cni(ErrorCode::DATAPATH, "cannot open bpffs root")?;
+        let lock = Flock::lock(dir, FlockArg::LockExclusive)
+            .map_err(|(_, errno)| errno)
+            .cni(ErrorCode::DATAPATH, "cannot lock bpffs root")?;
+        Ok(Self { pins: Pins::new(root, network), _lock: lock })
+    }
+
+    fn is_loaded(&self) -> bool {
+        // The program is pinned last, so its pin means maps and program are all there.
+        self.pins.program(names::FROM_POD).exists()
+    }
+
+    /// Loads and pins the programs and maps unless an earlier ADD already did.
+    pub fn ensure_loaded(&self) -> CniResult<()> {
+        if self.is_loaded() {
+            return Ok(());
+        }
+        // A load interrupted before the program pin leaves maps only: start over.
+        for dir in ["maps", "progs"] {
+            let _ = fs::remove_dir_all(self.pins.version_dir().join(dir));
+        }
+        for dir in ["maps", "progs", "links"] {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(self.pins.version_dir().join(dir))
+                .cni(ErrorCode::DATAPATH, "cannot create pin directories")?;
+        }
+        let mut ebpf = EbpfLoader::new().load(OBJECT).cni(ErrorCode::DATAPATH, "kernel refused the eBPF object")?;
+        for name in [names::ENDPOINTS, names::METRICS] {
+            let map = ebpf.map(name).ok_or_else(|| internal(format!("object has no map {name}")))?;
+            map.pin(self.pins.map(name)).cni(ErrorCode::DATAPATH, format!("cannot pin map {name}"))?;
+        }
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(names::FROM_POD)
+            .ok_or_else(|| internal("object has no from_pod program"))?
+            .try_into()
+            .cni(ErrorCode::INTERNAL, "from_pod is not a classifier")?;
+        program.load().cni(ErrorCode::DATAPATH, "verifier rejected from_pod")?;
+        program.pin(self.pins.program(names::FROM_POD)).cni(ErrorCode::DATAPATH, "cannot pin from_pod")?;
+        Ok(())
+    }
+
+    fn endpoints(&self) -> CniResult<Option<HashMap<MapData, IpKey, Endpoint>>> {
+        let path = self.pins.map(names::ENDPOINTS);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let data = MapData::from_pin(&path).cni(ErrorCode::DATAPATH, "cannot open pinned ENDPOINTS")?;
+        let map = Map::from_map_data(data).cni(ErrorCode::DATAPATH, "cannot open pinned ENDPOINTS")?;
+        HashMap::try_from(map).map(Some).cni(ErrorCode::DATAPATH, "pinned ENDPOINTS has another layout")
+    }
+
+    pub fn add_endpoint(&self, ip: Ipv4Addr, endpoint: Endpoint) -> CniResult<()> {
+        let mut map = self.endpoints()?.ok_or_else(|| internal("ENDPOINTS is not pinned"))?;
+        map.insert(IpKey::v4(ip.octets()), endpoint, 0)
+            .cni(ErrorCode::DATAPATH, format!("cannot add endpoint {ip} (map full?)"))
+    }
+
+    /// Removes every endpoint the attachment owns; returns how many.
+    pub fn remove_endpoints(&self, owner: u64) -> CniResult<usize> {
+        let Some(mut map) = self.endpoints()? else { return Ok(0) };
+        let keys: Vec<IpKey> = map
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, ep)| ep.owner == owner)
+            .map(|(key, _)| key)
+            .collect();
+        for key in &keys {
+            map.remove(key).cni(ErrorCode::DATAPATH, "cannot remove endpoint")?;
+        }
+        Ok(keys.len())
+    }
+
+    /// Attaches `from_pod` to the host veth's TCX ingress and pins the link (a TCX link lives
+    /// only as long as an fd or a pin holds it, and this process is about to exit).
+    pub fn attach(&self, host_ifname: &str, container_id: &str, ifname: &str) -> CniResult<()> {
+        let link_pin = self.pins.link(container_id, ifname);
+        remove_pin(&link_pin)?;
+        let mut program = SchedClassifier::from_pin(self.pins.program(names::FROM_POD))
+            .cni(ErrorCode::DATAPATH, "cannot open pinned from_pod")?;
+        let id = program
+            .attach_with_options(host_ifname, TcAttachType::Ingress, TcAttachOptions::TcxOrder(LinkOrder::default()))
+            .cni(ErrorCode::DATAPATH, format!("cannot attach from_pod to {host_ifname} (TCX)"))?;
+        let link: FdLink = program
+            .take_link(id)
+            .cni(ErrorCode::INTERNAL, "attached link vanished")?
+            .try_into()
+            .cni(ErrorCode::INTERNAL, "TCX link is not an fd link")?;
+        link.pin(&link_pin).cni(ErrorCode::DATAPATH, "cannot pin TCX link")?;
+        Ok(())
+    }
+
+    /// Unpins the attachment's link, which detaches it; a missing pin is fine.
+    pub fn detach(&self, container_id: &str, ifname: &str) -> CniResult<()> {
+        remove_pin(&self.pins.link(container_id, ifname))
+    }
+
+    /// Removes the network's pins when no endpoint and no link is left.
+    pub fn remove_if_unused(&self) -> CniResult<bool> {
+        let endpoints_left = match self.endpoints()? {
+            Some(map) => map.keys().next().is_some(),
+            None => false,
+        };
+        let links_left = fs::read_dir(self.pins.links_dir()).is_ok_and(|mut d| d.next().is_some());
+        if endpoints_left || links_left {
+            return Ok(false);
+        }
+        match fs::remove_dir_all(self.pins.network_dir()) {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(e).cni(ErrorCode::DATAPATH, "cannot remove network pins"),
+            _ => Ok(true),
+        }
+    }
+}
+
+fn remove_pin(path: &Path) -> CniResult<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(e).cni(ErrorCode::DATAPATH, format!("cannot unpin {}", path.display())),
+        _ => Ok(()),
+    }
+}
+
+fn internal(msg: impl Into<String>) -> CniError {
+    CniError::new(ErrorCode::INTERNAL, msg)
+}

@@ -1,0 +1,32 @@
+//! The binary run by hand (no CNI_COMMAND in the environment).
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::cni::version;
+
+#[derive(Parser)]
+#[command(name = "ebpf-cni", version, about = "CNI plugin with an eBPF datapath (veth + TC, no bridge, no iptables)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// Print the CNI spec versions this plugin speaks.
+    CniVersions,
+}
+
+pub fn run() -> ExitCode {
+    match Cli::parse().command {
+        Some(Sub::CniVersions) => {
+            println!("{}", version::SUPPORTED.join(" "));
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("ebpf-cni is run by a container runtime with CNI_COMMAND set; see --help");
+            ExitCode::from(2)
+        }
+    }
+}

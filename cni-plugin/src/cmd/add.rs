@@ -1,0 +1,141 @@
+//! ADD: address, veth pair, pod addresses and routes, host route, endpoint entry, TCX link.
+//! Nothing is touched before the checks that can fail cheaply; after that, any failure runs the
+//! same teardown as DEL, which is scoped to this attachment and so cannot hurt anyone else's.
+use std::net::{IpAddr, Ipv4Addr};
+
+use ebpf_common::Endpoint;
+use ipnetwork::IpNetwork;
+
+use super::del::teardown;
+use crate::{
+    attachment::Attachment,
+    bpf::Datapath,
+    cni::{
+        CniError, CniResult, Context, ErrorCode,
+        config::NetConf,
+        env::CniEnv,
+        result::{AddResult, Interface, IpConfig, Route},
+    },
+    ipam::{Allocation, Ipam},
+    net::{
+        netlink::{Netlink, format_mac},
+        netns::Netns,
+    },
+};
+
+pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<AddResult> {
+    let netns_path = env.netns.as_deref().expect("validated: ADD has CNI_NETNS");
+    let pod_ns = Netns::open(netns_path).map_err(|e| {
+        CniError::new(ErrorCode::UNKNOWN_CONTAINER, format!("cannot open netns {}", netns_path.display())).with_details(e)
+    })?;
+    let attachment = Attachment::new(&env.container_id, &env.ifname);
+    let node = Netlink::connect().cni(ErrorCode::IO, "cannot open netlink")?;
+    let pod = Netlink::connect_in(&pod_ns).cni(ErrorCode::IO, "cannot open netlink in the pod")?;
+    let host_ifname = attachment.host_ifname();
+    for (nl, name, place) in [(&node, host_ifname.as_str(), "node"), (&pod, env.ifname.as_str(), "pod")] {
+        if nl.link(name).await.cni(ErrorCode::IO, "cannot list links")?.is_some() {
+            return Err(CniError::new(ErrorCode::INTERFACE_EXISTS, format!("interface {name} already exists in the {place}"))
+                .with_details("an attachment with this container ID and ifname is already set up; DEL it first"));
+        }
+    }
+    let ipam = Ipam::from_conf(conf, raw_conf)?;
+    let setup = Setup { env, conf, attachment: &attachment, node: &node, pod: &pod, pod_ns: &pod_ns };
+    match setup.run(&ipam).await {
+        Ok(result) => Ok(result),
+        Err(err) => {
+            if let Err(cleanup) = teardown(env, conf, &ipam, &node).await {
+                eprintln!("ebpf-cni: rollback after failed ADD was incomplete: {cleanup}");
+            }
+            Err(err)
+        }
+    }
+}
+
+struct Setup<'a> {
+    env: &'a CniEnv,
+    conf: &'a NetConf,
+    attachment: &'a Attachment<'a>,
+    node: &'a Netlink,
+    pod: &'a Netlink,
+    pod_ns: &'a Netns,
+}
+
+impl Setup<'_> {
+    async fn run(&self, ipam: &Ipam) -> CniResult<AddResult> {
+        let allocation = ipam.allocate(self.env)?;
+        let ips = ipv4_only(&allocation)?;
+        let host_ifname = self.attachment.host_ifname();
+        self.node
+            .add_veth(&host_ifname, &self.env.ifname, self.pod_ns, self.conf.mtu)
+            .await
+            .cni(ErrorCode::IO, "cannot create veth pair")?;
+        let host = self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
+        let pod = self.pod.link(&self.env.ifname).await.cni(ErrorCode::IO, "pod veth")?.ok_or_else(|| gone(&self.env.ifname))?;
+        self.node.set_up(host.index).await.cni(ErrorCode::IO, "cannot set host veth up")?;
+        self.pod.set_up(pod.index).await.cni(ErrorCode::IO, "cannot set pod interface up")?;
+        for ip in &allocation.ips {
+            self.pod.add_address(pod.index, ip.address).await.cni(ErrorCode::IO, "cannot address the pod")?;
+        }
+        let routes = pod_routes(&allocation);
+        for route in &routes {
+            self.pod.add_route(route.dst, route.gw, pod.index).await.cni(ErrorCode::IO, "cannot route in the pod")?;
+        }
+        for ip in &ips {
+            let host_route = IpNetwork::new(IpAddr::V4(*ip), 32).expect("/32");
+            self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
+        }
+        let datapath = Datapath::lock(&self.conf.bpffs_root(), &self.conf.name)?;
+        datapath.ensure_loaded()?;
+        for ip in &ips {
+            let endpoint = Endpoint {
+                host_ifindex: host.index,
+                flags: 0,
+                owner: self.attachment.cookie(),
+                pod_mac: pod.mac,
+                host_mac: host.mac,
+                pad: [0; 4],
+            };
+            datapath.add_endpoint(*ip, endpoint)?;
+        }
+        datapath.attach(&host_ifname, &self.env.container_id, &self.env.ifname)?;
+        Ok(AddResult {
+            interfaces: vec![
+                Interface { name: host_ifname, mac: format_mac(host.mac), sandbox: None },
+                Interface {
+                    name: self.env.ifname.clone(),
+                    mac: format_mac(pod.mac),
+                    sandbox: self.env.netns.as_ref().map(|p| p.display().to_string()),
+                },
+            ],
+            ips: allocation.ips.iter().map(|ip| IpConfig { interface: Some(1), ..ip.clone() }).collect(),
+            routes,
+            dns: allocation.dns.clone(),
+        })
+    }
+}
+
+fn ipv4_only(allocation: &Allocation) -> CniResult<Vec<Ipv4Addr>> {
+    allocation
+        .ips
+        .iter()
+        .map(|ip| match ip.address.ip() {
+            IpAddr::V4(v4) => Ok(v4),
+            IpAddr::V6(v6) => Err(CniError::new(ErrorCode::UNSUPPORTED_FIELD, format!("IPAM gave {v6}: IPv6 is not supported yet"))),
+        })
+        .collect()
+}
+
+/// IPAM's routes, or a default route; each without a gateway goes via the address's gateway.
+fn pod_routes(allocation: &Allocation) -> Vec<Route> {
+    let gateway = allocation.ips.iter().find_map(|ip| ip.gateway);
+    let configured = if allocation.routes.is_empty() {
+        vec![Route { dst: "0.0.0.0/0".parse().expect("literal"), gw: None }]
+    } else {
+        allocation.routes.clone()
+    };
+    configured.into_iter().map(|r| Route { gw: r.gw.or(gateway), ..r }).collect()
+}
+
+fn gone(name: &str) -> CniError {
+    CniError::new(ErrorCode::INTERNAL, format!("interface {name} vanished right after it was created"))
+}

@@ -1,0 +1,86 @@
+//! One CNI invocation: read env and stdin, run the verb, print the result or the error.
+mod add;
+mod del;
+
+use std::{
+    io::{Read, Write},
+    process::ExitCode,
+    time::Instant,
+};
+
+use serde_json::{Value, json};
+
+use crate::cni::{
+    CniError, CniResult, ErrorCode,
+    config::NetConf,
+    env::{CniEnv, Command},
+    version,
+};
+
+/// Runs the verb named by CNI_COMMAND. Only the result or the error JSON goes to stdout.
+pub fn run() -> ExitCode {
+    let started = Instant::now();
+    let mut stdin = Vec::new();
+    let read = std::io::stdin().read_to_end(&mut stdin);
+    // Errors are reported in the version the caller asked for when we can tell it.
+    let asked_version = serde_json::from_slice::<Value>(&stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
+        .filter(|v| version::is_supported(v))
+        .unwrap_or_else(|| version::LATEST.to_string());
+    let outcome = match read {
+        Ok(_) => dispatch(&stdin),
+        Err(e) => Err(CniError::new(ErrorCode::IO, "cannot read stdin").with_details(e)),
+    };
+    let (out, code) = match outcome {
+        Ok(out) => (out, ExitCode::SUCCESS),
+        Err(err) => {
+            eprintln!("ebpf-cni: {} failed after {:?}: {err}", command_name(), started.elapsed());
+            (Some(err.to_json(&asked_version)), ExitCode::FAILURE)
+        }
+    };
+    if let Some(out) = out {
+        let mut stdout = std::io::stdout().lock();
+        let _ = serde_json::to_writer(&mut stdout, &out);
+        let _ = stdout.write_all(b"\n");
+    }
+    code
+}
+
+fn command_name() -> String {
+    std::env::var("CNI_COMMAND").unwrap_or_default()
+}
+
+/// The verb's stdout JSON, if it has one (DEL prints nothing on success).
+fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
+    let env = CniEnv::from_lookup(|key| std::env::var(key).ok())?;
+    if env.command == Command::Version {
+        return Ok(Some(version_reply(stdin)));
+    }
+    let conf = NetConf::parse(stdin)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| CniError::new(ErrorCode::INTERNAL, "cannot start runtime").with_details(e))?;
+    runtime.block_on(async {
+        match env.command {
+            Command::Add => add::add(&env, &conf, stdin).await.map(|r| Some(r.to_json(&conf.cni_version))),
+            Command::Del => del::del(&env, &conf, stdin).await.map(|()| None),
+            Command::Check | Command::Gc | Command::Status => Err(CniError::new(
+                ErrorCode::INTERNAL,
+                format!("CNI_COMMAND {:?} is not implemented in this version of ebpf-cni", env.command),
+            )),
+            Command::Version => unreachable!("answered above"),
+        }
+    })
+}
+
+/// VERSION answers in the version it was asked in when we speak it, else in our latest.
+fn version_reply(stdin: &[u8]) -> Value {
+    let asked = serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
+        .filter(|v| version::is_supported(v))
+        .unwrap_or_else(|| version::LATEST.to_string());
+    json!({ "cniVersion": asked, "supportedVersions": version::SUPPORTED })
+}

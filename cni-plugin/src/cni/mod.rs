@@ -1,0 +1,8 @@
+//! The CNI protocol: environment, network configuration, results, errors and versions.
+pub mod config;
+pub mod env;
+pub mod error;
+pub mod result;
+pub mod version;
+
+pub use error::{CniError, CniResult, Context, ErrorCode};

@@ -1,0 +1,16 @@
+//! Spec versions this plugin speaks, and what differs between their result formats.
+
+/// Every version VERSION reports and ADD/DEL accept, oldest first.
+pub const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// The newest version: used when the request names none we can answer in.
+pub const LATEST: &str = "1.1.0";
+
+pub fn is_supported(version: &str) -> bool {
+    SUPPORTED.contains(&version)
+}
+
+/// Results before 1.0.0 carry `ips[].version` ("4"/"6").
+pub fn result_has_ip_version(version: &str) -> bool {
+    version.starts_with("0.")
+}

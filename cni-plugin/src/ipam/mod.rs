@@ -1,0 +1,61 @@
+//! Address management: the built-in host-local-compatible allocator, or any other IPAM plugin
+//! executed from CNI_PATH as the spec describes.
+mod delegate;
+mod host_local;
+mod range;
+mod store;
+
+use serde_json::Value;
+
+use crate::cni::{
+    CniError, CniResult, ErrorCode,
+    config::NetConf,
+    env::CniEnv,
+    result::{IpConfig, Route},
+};
+
+/// `ipam.type` values served in-process.
+const BUILT_IN: [&str; 2] = ["host-local", "ebpf-cni"];
+
+/// What IPAM handed out for one attachment.
+#[derive(Debug, Default)]
+pub struct Allocation {
+    pub ips: Vec<IpConfig>,
+    /// Routes for the pod; a route without `gw` goes via the address's gateway.
+    pub routes: Vec<Route>,
+    pub dns: Value,
+}
+
+pub enum Ipam {
+    HostLocal(host_local::HostLocal),
+    Delegated(delegate::Delegated),
+}
+
+impl Ipam {
+    pub fn from_conf(conf: &NetConf, raw_conf: &[u8]) -> CniResult<Self> {
+        let ipam = conf.ipam.as_ref().ok_or_else(|| CniError::new(ErrorCode::INVALID_CONFIG, "ipam is required"))?;
+        let kind = ipam.get("type").and_then(Value::as_str).unwrap_or_default();
+        if BUILT_IN.contains(&kind) {
+            Ok(Self::HostLocal(host_local::HostLocal::from_conf(&conf.name, ipam)?))
+        } else if kind.is_empty() {
+            Err(CniError::new(ErrorCode::INVALID_CONFIG, "ipam.type is required"))
+        } else {
+            Ok(Self::Delegated(delegate::Delegated::new(kind, raw_conf)?))
+        }
+    }
+
+    pub fn allocate(&self, env: &CniEnv) -> CniResult<Allocation> {
+        match self {
+            Self::HostLocal(h) => h.allocate(&env.container_id, &env.ifname),
+            Self::Delegated(d) => d.add(env),
+        }
+    }
+
+    /// Releases the attachment's addresses; idempotent.
+    pub fn release(&self, env: &CniEnv) -> CniResult<()> {
+        match self {
+            Self::HostLocal(h) => h.release(&env.container_id, &env.ifname),
+            Self::Delegated(d) => d.del(env),
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Interfaces, addresses and routes (rtnetlink), and namespace switching.
+pub mod netlink;
+pub mod netns;

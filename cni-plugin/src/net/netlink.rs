@@ -1,0 +1,123 @@
+//! rtnetlink operations the plugin needs, on a connection bound to one network namespace.
+use std::net::{IpAddr, Ipv4Addr};
+
+use anyhow::{Context as _, Result, anyhow};
+use futures::TryStreamExt as _;
+use ipnetwork::IpNetwork;
+use rtnetlink::{
+    Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    packet_route::{
+        link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
+        route::RouteScope,
+    },
+};
+
+use super::netns::Netns;
+
+/// `ENODEV`/`ENOENT` from the kernel: the object is already gone.
+fn is_not_found(err: &rtnetlink::Error) -> bool {
+    matches!(err, rtnetlink::Error::NetlinkError(m) if m.raw_code().abs() == libc::ENODEV || m.raw_code().abs() == libc::ENOENT)
+}
+
+/// A link as far as the plugin cares.
+#[derive(Clone, Copy, Debug)]
+pub struct Link {
+    pub index: u32,
+    pub mac: [u8; 6],
+}
+
+pub struct Netlink {
+    handle: Handle,
+}
+
+impl Netlink {
+    /// A connection in the calling thread's namespace. Needs a tokio runtime.
+    pub fn connect() -> Result<Self> {
+        let (conn, handle, _) = rtnetlink::new_connection().context("netlink socket")?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// A connection whose socket lives in `ns`, usable from here.
+    pub fn connect_in(ns: &Netns) -> Result<Self> {
+        ns.run(Self::connect).context("entering the pod's network namespace")?
+    }
+
+    pub async fn link(&self, name: &str) -> Result<Option<Link>> {
+        let mut links = self.handle.link().get().match_name(name.to_string()).execute();
+        match links.try_next().await {
+            Ok(Some(msg)) => Ok(Some(to_link(&msg)?)),
+            Ok(None) => Ok(None),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("looking up link {name}")),
+        }
+    }
+
+    /// Creates `host` here and its peer `pod_ifname` directly inside `pod_ns`, both down.
+    pub async fn add_veth(&self, host: &str, pod_ifname: &str, pod_ns: &Netns, mtu: Option<u32>) -> Result<()> {
+        let mut peer = LinkMessageBuilder::<LinkUnspec>::new().name(pod_ifname).setns_by_fd(pod_ns.raw_fd());
+        let mut builder = LinkVeth::new(host, pod_ifname);
+        if let Some(mtu) = mtu {
+            peer = peer.mtu(mtu);
+            builder = builder.mtu(mtu);
+        }
+        let message = builder.set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build()))).build();
+        self.handle.link().add(message).execute().await.with_context(|| format!("creating veth {host} <-> {pod_ifname}"))
+    }
+
+    pub async fn set_up(&self, index: u32) -> Result<()> {
+        let message = LinkUnspec::new_with_index(index).up().build();
+        self.handle.link().set(message).execute().await.context("setting link up")
+    }
+
+    /// Deletes a link by name; a link that does not exist is not an error.
+    pub async fn delete_link(&self, name: &str) -> Result<()> {
+        let Some(link) = self.link(name).await? else { return Ok(()) };
+        match self.handle.link().del(link.index).execute().await {
+            Err(e) if !is_not_found(&e) => Err(e).with_context(|| format!("deleting link {name}")),
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn add_address(&self, index: u32, address: IpNetwork) -> Result<()> {
+        self.handle
+            .address()
+            .add(index, address.ip(), address.prefix())
+            .execute()
+            .await
+            .with_context(|| format!("adding address {address}"))
+    }
+
+    /// `dst via gw dev index`, or `dst dev index scope link` when there is no gateway.
+    pub async fn add_route(&self, dst: IpNetwork, gw: Option<IpAddr>, index: u32) -> Result<()> {
+        let (IpNetwork::V4(dst), gw) = (dst, gw) else {
+            return Err(anyhow!("route {dst}: IPv6 routes are not supported yet"));
+        };
+        let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst.network(), dst.prefix())
+            .output_interface(index);
+        builder = match gw {
+            Some(IpAddr::V4(gw)) => builder.gateway(gw),
+            Some(IpAddr::V6(gw)) => return Err(anyhow!("route {dst} via {gw}: IPv6 gateway for IPv4 route")),
+            None => builder.scope(RouteScope::Link),
+        };
+        self.handle.route().add(builder.build()).execute().await.with_context(|| format!("adding route {dst}"))
+    }
+}
+
+fn to_link(msg: &LinkMessage) -> Result<Link> {
+    let mac = msg
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::Address(bytes) if bytes.len() == 6 => bytes.as_slice().try_into().ok(),
+            _ => None,
+        })
+        .ok_or_else(|| anyhow!("link {} has no MAC address", msg.header.index))?;
+    Ok(Link { index: msg.header.index, mac })
+}
+
+/// `aa:bb:cc:dd:ee:ff`, as results and logs print it.
+pub fn format_mac(mac: [u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}

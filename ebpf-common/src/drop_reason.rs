@@ -1,0 +1,44 @@
+/// Why a packet was dropped. The number is the index into `METRICS` and is stable: add new
+/// reasons at the end, never renumber (dashboards and `inspect counters` read them by number).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// A header was shorter than its type requires.
+    Malformed = 1,
+    /// IPv4 source address is not the address of the pod behind this interface.
+    SpoofedSource = 2,
+    /// ARP sender address is not the address of the pod behind this interface.
+    SpoofedArp = 3,
+    /// Neither IPv4 nor ARP (IPv6 is not enabled yet; VLAN tags and others are not allowed).
+    UnsupportedProtocol = 4,
+    /// The redirect helper refused the target interface.
+    RedirectFailed = 5,
+}
+
+impl DropReason {
+    /// Every reason, in number order.
+    pub const ALL: [DropReason; 5] = [
+        Self::Malformed,
+        Self::SpoofedSource,
+        Self::SpoofedArp,
+        Self::UnsupportedProtocol,
+        Self::RedirectFailed,
+    ];
+
+    /// Size of `METRICS`: one slot per reason, slot 0 unused.
+    pub const SLOTS: u32 = Self::ALL.len() as u32 + 1;
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::SpoofedSource => "spoofed-source",
+            Self::SpoofedArp => "spoofed-arp",
+            Self::UnsupportedProtocol => "unsupported-protocol",
+            Self::RedirectFailed => "redirect-failed",
+        }
+    }
+
+    pub fn from_index(index: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| *r as u32 == index)
+    }
+}

@@ -1,0 +1,58 @@
+/// Address family tag of an [`IpKey`].
+pub const FAMILY_IPV4: u8 = 4;
+pub const FAMILY_IPV6: u8 = 6;
+
+/// Key of address-indexed maps. Sized for IPv6 from the first version so that dual-stack adds
+/// code paths, not a new map layout. An IPv4 address sits in the first four bytes, the rest zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IpKey {
+    pub family: u8,
+    pub pad: [u8; 3],
+    pub addr: [u8; 16],
+}
+
+impl IpKey {
+    pub const fn v4(octets: [u8; 4]) -> Self {
+        let mut addr = [0u8; 16];
+        addr[0] = octets[0];
+        addr[1] = octets[1];
+        addr[2] = octets[2];
+        addr[3] = octets[3];
+        Self { family: FAMILY_IPV4, pad: [0; 3], addr }
+    }
+}
+
+/// A pod interface on this node: value of `ENDPOINTS`, keyed by the pod's address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Index of the host-side veth in the node namespace (the target of `bpf_redirect_peer`).
+    pub host_ifindex: u32,
+    /// Reserved for per-endpoint policy bits; zero today.
+    pub flags: u32,
+    /// Which attachment (container ID + ifname) owns the entry, so that DEL and GC find it
+    /// whatever the IPAM plugin and even when the veth is already gone.
+    pub owner: u64,
+    /// MAC of the pod's interface: destination of frames delivered into the pod.
+    pub pod_mac: [u8; 6],
+    /// MAC of the host-side veth: the gateway MAC the pod sees, source of delivered frames.
+    pub host_mac: [u8; 6],
+    pub pad: [u8; 4],
+}
+
+/// Per-CPU packet and byte counts for one drop reason (value of `METRICS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `#[repr(C)]` data without padding-dependent invariants.
+    unsafe impl aya::Pod for super::IpKey {}
+    unsafe impl aya::Pod for super::Endpoint {}
+    unsafe impl aya::Pod for super::Counter {}
+}

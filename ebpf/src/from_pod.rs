@@ -1,0 +1,61 @@
+//! `from_pod`: TC ingress of each host-side veth, i.e. every packet a pod sends.
+//!
+//! 1. ARP goes to the responder (`arp.rs`).
+//! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing).
+//! 3. IPv4 to another pod on this node is delivered straight into that pod with
+//!    `bpf_redirect_peer` (no second pass through the host stack).
+//! 4. Anything else IPv4 goes to the node's routing (`TC_ACT_OK`).
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_REDIRECT},
+    helpers::bpf_redirect_peer,
+    programs::TcContext,
+};
+use ebpf_common::{DropReason, IpKey};
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::Ipv4Hdr,
+};
+
+use crate::{arp, maps, packet};
+
+pub fn handle(ctx: &TcContext) -> i32 {
+    let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {
+        return maps::drop(ctx, DropReason::Malformed);
+    };
+    // SAFETY: bounds checked by `header_mut`.
+    let ether_type = unsafe { (*eth).ether_type };
+    if ether_type == EtherType::Arp as u16 {
+        return arp::handle(ctx, eth);
+    }
+    if ether_type != EtherType::Ipv4 as u16 {
+        return maps::drop(ctx, DropReason::UnsupportedProtocol);
+    }
+    ipv4(ctx, eth)
+}
+
+#[inline(always)]
+fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
+    let Some(ip) = packet::header_mut::<Ipv4Hdr>(ctx, EthHdr::LEN) else {
+        return maps::drop(ctx, DropReason::Malformed);
+    };
+    // SAFETY: bounds checked by `header_mut`.
+    let (src, dst) = unsafe { ((*ip).src_addr, (*ip).dst_addr) };
+    match maps::endpoint(&IpKey::v4(src)) {
+        Some(own) if own.host_ifindex == packet::ingress_ifindex(ctx) => {}
+        _ => return maps::drop(ctx, DropReason::SpoofedSource),
+    }
+    let Some(peer) = maps::endpoint(&IpKey::v4(dst)) else {
+        return TC_ACT_OK as i32;
+    };
+    // SAFETY: bounds checked by `header_mut`.
+    unsafe {
+        (*eth).dst_addr = peer.pod_mac;
+        (*eth).src_addr = peer.host_mac;
+    }
+    // SAFETY: plain helper call.
+    let verdict = unsafe { bpf_redirect_peer(peer.host_ifindex, 0) };
+    if verdict != i64::from(TC_ACT_REDIRECT) {
+        return maps::drop(ctx, DropReason::RedirectFailed);
+    }
+    TC_ACT_REDIRECT as i32
+}

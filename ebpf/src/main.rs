@@ -1,0 +1,39 @@
+//! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
+//! one concern (see `from_pod.rs`).
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod arp;
+#[cfg(target_arch = "bpf")]
+mod from_pod;
+#[cfg(target_arch = "bpf")]
+mod maps;
+#[cfg(target_arch = "bpf")]
+mod packet;
+
+#[cfg(target_arch = "bpf")]
+mod programs {
+    use aya_ebpf::{macros::classifier, programs::TcContext};
+
+    /// TC ingress of every host-side veth: packets leaving a pod.
+    #[classifier]
+    pub fn from_pod(ctx: TcContext) -> i32 {
+        crate::from_pod::handle(&ctx)
+    }
+
+    #[panic_handler]
+    fn panic(_info: &core::panic::PanicInfo) -> ! {
+        loop {}
+    }
+
+    /// GPL-compatible: `bpf_redirect_peer` and friends are GPL-only helpers.
+    #[unsafe(link_section = "license")]
+    #[unsafe(no_mangle)]
+    static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {
+    eprintln!("the ebpf crate is built for the BPF target by cni-plugin's build script");
+}

@@ -1,0 +1,36 @@
+//! Maps shared with the plugin, all BTF-typed (`#[btf_map]`) so bpftool prints field names.
+//! The plugin pins them per network; the sizes are documented on the constants in ebpf-common.
+use aya_ebpf::{
+    btf_maps::{HashMap, PerCpuArray},
+    macros::btf_map,
+    programs::TcContext,
+};
+use ebpf_common::{Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, IpKey};
+
+/// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
+#[btf_map]
+pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize }> =
+    HashMap::new();
+
+/// Drop counters indexed by `DropReason`, per CPU so that counting never contends.
+#[btf_map]
+pub static METRICS: PerCpuArray<Counter, { DropReason::SLOTS as usize }> = PerCpuArray::new();
+
+#[inline(always)]
+pub fn endpoint(key: &IpKey) -> Option<Endpoint> {
+    // SAFETY: the value is copied out at once; the plugin replaces entries whole.
+    unsafe { ENDPOINTS.get(key).copied() }
+}
+
+/// Counts the drop and returns the verdict that drops the packet.
+#[inline(always)]
+pub fn drop(ctx: &TcContext, reason: DropReason) -> i32 {
+    if let Some(counter) = METRICS.get_ptr_mut(reason as u32) {
+        // SAFETY: a per-CPU slot, only touched by this CPU while the program runs.
+        unsafe {
+            (*counter).packets += 1;
+            (*counter).bytes += u64::from(ctx.len());
+        }
+    }
+    aya_ebpf::bindings::TC_ACT_SHOT as i32
+}

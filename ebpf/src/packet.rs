@@ -1,0 +1,20 @@
+//! Bounds-checked access to packet headers (the verifier requires the check before each use).
+use aya_ebpf::programs::TcContext;
+
+/// A pointer to a `T` at `offset` in the linear packet data, or `None` if the packet is shorter.
+#[inline(always)]
+pub fn header_mut<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + core::mem::size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *mut T)
+}
+
+/// Index of the interface the packet arrived on.
+#[inline(always)]
+pub fn ingress_ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
