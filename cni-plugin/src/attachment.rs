@@ -5,16 +5,14 @@ use sha2::{Digest, Sha256};
 /// Host-side veth names start with this, so an operator can tell ours apart (`ip link`).
 const HOST_PREFIX: &str = "ecni";
 
-pub struct Attachment<'a> {
-    pub container_id: &'a str,
-    pub ifname: &'a str,
+pub struct Attachment {
     digest: [u8; 32],
 }
 
-impl<'a> Attachment<'a> {
-    pub fn new(container_id: &'a str, ifname: &'a str) -> Self {
+impl Attachment {
+    pub fn new(container_id: &str, ifname: &str) -> Self {
         let digest = Sha256::new().chain_update(container_id).chain_update("/").chain_update(ifname).finalize().into();
-        Self { container_id, ifname, digest }
+        Self { digest }
     }
 
     /// `ecni` + 11 hex digits: 15 bytes, the kernel's limit, stable for the same pair.

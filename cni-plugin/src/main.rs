@@ -11,9 +11,5 @@ mod net;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    if std::env::var_os("CNI_COMMAND").is_some() {
-        cmd::run()
-    } else {
-        cli::run()
-    }
+    if std::env::var_os("CNI_COMMAND").is_some() { cmd::run() } else { cli::run() }
 }

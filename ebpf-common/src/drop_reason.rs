@@ -17,13 +17,8 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 5] = [
-        Self::Malformed,
-        Self::SpoofedSource,
-        Self::SpoofedArp,
-        Self::UnsupportedProtocol,
-        Self::RedirectFailed,
-    ];
+    pub const ALL: [DropReason; 5] =
+        [Self::Malformed, Self::SpoofedSource, Self::SpoofedArp, Self::UnsupportedProtocol, Self::RedirectFailed];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
     pub const SLOTS: u32 = Self::ALL.len() as u32 + 1;

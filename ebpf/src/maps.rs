@@ -9,8 +9,7 @@ use ebpf_common::{Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, IpKey};
 
 /// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
 #[btf_map]
-pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize }> =
-    HashMap::new();
+pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize }> = HashMap::new();
 
 /// Drop counters indexed by `DropReason`, per CPU so that counting never contends.
 #[btf_map]

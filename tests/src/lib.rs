@@ -1,1 +1,13 @@
+//! A throwaway node for tests, the demo and benchmarks: a "node" network namespace holding the
+//! host ends, pod namespaces, a private bpffs mount and data dir, all named uniquely per run and
+//! removed on drop (pass or fail). The plugin is executed exactly as a runtime does: CNI_*
+//! environment, configuration on stdin, in the node's namespace.
+mod guard;
+mod plugin;
+mod privileges;
+mod testbed;
 
+pub use guard::{Bpffs, NetnsGuard, run, run_in};
+pub use plugin::{CniOutput, Plugin};
+pub use privileges::require_privileges;
+pub use testbed::{NODE_IP, Pod, Testbed};

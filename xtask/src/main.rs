@@ -1,1 +1,49 @@
-fn main() {}
+//! `cargo xtask <task>`: everything a developer or CI runs, each task installing what it needs.
+mod cmd;
+mod demo;
+mod setup;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "ebpf-cni developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the toolchain pieces and system packages (idempotent; fast when present).
+    Setup,
+    /// Build the plugin with its embedded eBPF object.
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Run every test, the privileged namespace/eBPF ones included (needs root).
+    Test,
+    /// Three pods on a throwaway node: ADD, ping, iperf3, bpftool, DEL, nothing left.
+    Demo,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Build { release } => {
+            setup::run()?;
+            cmd::build_plugin(release).map(drop)
+        }
+        Task::Test => {
+            setup::run()?;
+            let plugin = cmd::build_plugin(false)?;
+            cmd::cargo(&["fmt", "--all", "--", "--check"])?;
+            cmd::cargo_with_env(&["test", "--no-fail-fast"], &[("EBPF_CNI_BIN", plugin.as_os_str())])
+        }
+        Task::Demo => {
+            setup::run()?;
+            demo::run(cmd::build_plugin(true)?)
+        }
+    }
+}

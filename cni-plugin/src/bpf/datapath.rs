@@ -13,11 +13,7 @@ use std::{
 use aya::{
     EbpfLoader,
     maps::{HashMap, Map, MapData},
-    programs::{
-        LinkOrder, SchedClassifier, TcAttachType,
-        links::FdLink,
-        tc::TcAttachOptions,
-    },
+    programs::{LinkOrder, SchedClassifier, TcAttachType, links::FdLink, tc::TcAttachOptions},
 };
 use ebpf_common::{Endpoint, IpKey, names};
 use nix::fcntl::{Flock, FlockArg};
@@ -34,17 +30,19 @@ pub struct Datapath {
 }
 
 impl Datapath {
-    /// Locks the bpffs root (creating it, mode 0700) for the lifetime of the value.
+    /// Locks the bpffs root (creating it, mode 0700) for the lifetime of the value. The root
+    /// or its parent must already be on bpffs: nothing is created on any other filesystem.
     pub fn lock(root: &Path, network: &str) -> CniResult<Self> {
-        DirBuilder::new().recursive(true).mode(0o700).create(root).cni(
-            ErrorCode::DATAPATH,
-            format!("cannot create {}: is bpffs mounted?", root.display()),
-        )?;
-        let on_bpffs = nix::sys::statfs::statfs(root)
-            .is_ok_and(|s| s.filesystem_type().0 as i64 == libc::BPF_FS_MAGIC as i64);
-        if !on_bpffs {
-            return Err(CniError::new(ErrorCode::DATAPATH, format!("{} is not on a bpffs mount", root.display())));
+        let probe = if root.exists() { root } else { root.parent().unwrap_or(root) };
+        if !on_bpffs(probe) {
+            return Err(CniError::new(ErrorCode::DATAPATH, format!("{} is not on a bpffs mount", probe.display()))
+                .with_details("mount it with `mount -t bpf bpf /sys/fs/bpf` or set bpffsRoot"));
         }
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)
+            .cni(ErrorCode::DATAPATH, format!("cannot create {}", root.display()))?;
         let dir = File::open(root).cni(ErrorCode::DATAPATH, "cannot open bpffs root")?;
         let lock = Flock::lock(dir, FlockArg::LockExclusive)
             .map_err(|(_, errno)| errno)
@@ -107,12 +105,8 @@ impl Datapath {
     /// Removes every endpoint the attachment owns; returns how many.
     pub fn remove_endpoints(&self, owner: u64) -> CniResult<usize> {
         let Some(mut map) = self.endpoints()? else { return Ok(0) };
-        let keys: Vec<IpKey> = map
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, ep)| ep.owner == owner)
-            .map(|(key, _)| key)
-            .collect();
+        let keys: Vec<IpKey> =
+            map.iter().filter_map(Result::ok).filter(|(_, ep)| ep.owner == owner).map(|(key, _)| key).collect();
         for key in &keys {
             map.remove(key).cni(ErrorCode::DATAPATH, "cannot remove endpoint")?;
         }
@@ -160,9 +154,15 @@ impl Datapath {
     }
 }
 
+fn on_bpffs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == libc::BPF_FS_MAGIC)
+}
+
 fn remove_pin(path: &Path) -> CniResult<()> {
     match fs::remove_file(path) {
-        Err(e) if e.kind() != ErrorKind::NotFound => Err(e).cni(ErrorCode::DATAPATH, format!("cannot unpin {}", path.display())),
+        Err(e) if e.kind() != ErrorKind::NotFound => {
+            Err(e).cni(ErrorCode::DATAPATH, format!("cannot unpin {}", path.display()))
+        }
         _ => Ok(()),
     }
 }

@@ -26,7 +26,8 @@ use crate::{
 pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<AddResult> {
     let netns_path = env.netns.as_deref().expect("validated: ADD has CNI_NETNS");
     let pod_ns = Netns::open(netns_path).map_err(|e| {
-        CniError::new(ErrorCode::UNKNOWN_CONTAINER, format!("cannot open netns {}", netns_path.display())).with_details(e)
+        CniError::new(ErrorCode::UNKNOWN_CONTAINER, format!("cannot open netns {}", netns_path.display()))
+            .with_details(e)
     })?;
     let attachment = Attachment::new(&env.container_id, &env.ifname);
     let node = Netlink::connect().cni(ErrorCode::IO, "cannot open netlink")?;
@@ -34,8 +35,11 @@ pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<Add
     let host_ifname = attachment.host_ifname();
     for (nl, name, place) in [(&node, host_ifname.as_str(), "node"), (&pod, env.ifname.as_str(), "pod")] {
         if nl.link(name).await.cni(ErrorCode::IO, "cannot list links")?.is_some() {
-            return Err(CniError::new(ErrorCode::INTERFACE_EXISTS, format!("interface {name} already exists in the {place}"))
-                .with_details("an attachment with this container ID and ifname is already set up; DEL it first"));
+            return Err(CniError::new(
+                ErrorCode::INTERFACE_EXISTS,
+                format!("interface {name} already exists in the {place}"),
+            )
+            .with_details("an attachment with this container ID and ifname is already set up; DEL it first"));
         }
     }
     let ipam = Ipam::from_conf(conf, raw_conf)?;
@@ -54,7 +58,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<Add
 struct Setup<'a> {
     env: &'a CniEnv,
     conf: &'a NetConf,
-    attachment: &'a Attachment<'a>,
+    attachment: &'a Attachment,
     node: &'a Netlink,
     pod: &'a Netlink,
     pod_ns: &'a Netns,
@@ -69,8 +73,14 @@ impl Setup<'_> {
             .add_veth(&host_ifname, &self.env.ifname, self.pod_ns, self.conf.mtu)
             .await
             .cni(ErrorCode::IO, "cannot create veth pair")?;
-        let host = self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
-        let pod = self.pod.link(&self.env.ifname).await.cni(ErrorCode::IO, "pod veth")?.ok_or_else(|| gone(&self.env.ifname))?;
+        let host =
+            self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
+        let pod = self
+            .pod
+            .link(&self.env.ifname)
+            .await
+            .cni(ErrorCode::IO, "pod veth")?
+            .ok_or_else(|| gone(&self.env.ifname))?;
         self.node.set_up(host.index).await.cni(ErrorCode::IO, "cannot set host veth up")?;
         self.pod.set_up(pod.index).await.cni(ErrorCode::IO, "cannot set pod interface up")?;
         for ip in &allocation.ips {
@@ -120,7 +130,9 @@ fn ipv4_only(allocation: &Allocation) -> CniResult<Vec<Ipv4Addr>> {
         .iter()
         .map(|ip| match ip.address.ip() {
             IpAddr::V4(v4) => Ok(v4),
-            IpAddr::V6(v6) => Err(CniError::new(ErrorCode::UNSUPPORTED_FIELD, format!("IPAM gave {v6}: IPv6 is not supported yet"))),
+            IpAddr::V6(v6) => {
+                Err(CniError::new(ErrorCode::UNSUPPORTED_FIELD, format!("IPAM gave {v6}: IPv6 is not supported yet")))
+            }
         })
         .collect()
 }

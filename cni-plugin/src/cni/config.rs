@@ -26,7 +26,6 @@ pub struct NetConf {
     pub ip_masq: bool,
     /// Root of our pins in bpffs; one directory per network below it.
     pub bpffs_root: Option<PathBuf>,
-    pub prev_result: Option<Value>,
 }
 
 impl NetConf {
@@ -52,10 +51,11 @@ impl NetConf {
         // A network name becomes a directory name (data dir, pins): same grammar as container IDs.
         validate_container_id(&self.name)
             .map_err(|_| invalid(format!("network name {:?} must match [a-zA-Z0-9][a-zA-Z0-9_.-]*", self.name)))?;
-        if let Some(mtu) = self.mtu {
-            if !(MIN_MTU..=65_535).contains(&mtu) {
-                return Err(invalid(format!("mtu {mtu} is outside {MIN_MTU}..=65535")));
-            }
+        if self.plugin_type.is_empty() {
+            return Err(invalid("type is required"));
+        }
+        if let Some(mtu) = self.mtu.filter(|m| !(MIN_MTU..=65_535).contains(m)) {
+            return Err(invalid(format!("mtu {mtu} is outside {MIN_MTU}..=65535")));
         }
         if self.ipam.is_none() {
             return Err(invalid("ipam is required: ebpf-cni gives every pod an address"));
@@ -86,8 +86,10 @@ mod tests {
 
     #[test]
     fn minimal_with_unknown_fields() {
-        let c = parse(r#"{"cniVersion":"1.0.0","name":"n1","type":"ebpf-cni","ipam":{"type":"host-local"},"whatever":[1]}"#)
-            .unwrap();
+        let c = parse(
+            r#"{"cniVersion":"1.0.0","name":"n1","type":"ebpf-cni","ipam":{"type":"host-local"},"whatever":[1]}"#,
+        )
+        .unwrap();
         assert_eq!(c.name, "n1");
         assert_eq!(c.bpffs_root(), PathBuf::from(DEFAULT_BPFFS_ROOT));
     }

@@ -42,7 +42,6 @@ pub struct CniEnv {
     pub netns: Option<PathBuf>,
     pub ifname: String,
     pub path: Vec<PathBuf>,
-    pub args: BTreeMap<String, String>,
 }
 
 impl CniEnv {
@@ -55,11 +54,11 @@ impl CniEnv {
             container_id: String::new(),
             netns: nonempty("CNI_NETNS").map(PathBuf::from),
             ifname: String::new(),
-            path: nonempty("CNI_PATH")
-                .map(|p| std::env::split_paths(&p).collect())
-                .unwrap_or_default(),
-            args: parse_args(&get("CNI_ARGS").unwrap_or_default())?,
+            path: nonempty("CNI_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default(),
         };
+        // Validated for form only: no key changes behaviour yet, and runtimes send keys of
+        // their own (K8S_POD_NAME, IgnoreUnknown…) that must not fail the call.
+        parse_args(&get("CNI_ARGS").unwrap_or_default())?;
         if command.per_attachment() {
             let id = nonempty("CNI_CONTAINERID").ok_or_else(|| invalid("CNI_CONTAINERID is required"))?;
             validate_container_id(&id)?;
@@ -75,14 +74,6 @@ impl CniEnv {
             return Err(invalid("CNI_NETNS is required"));
         }
         Ok(env)
-    }
-
-    /// `IgnoreUnknown=1` in CNI_ARGS: unknown keys are not an error.
-    pub fn ignore_unknown_args(&self) -> bool {
-        matches!(
-            self.args.get("IgnoreUnknown").map(|v| v.to_ascii_lowercase()).as_deref(),
-            Some("1" | "true")
-        )
     }
 }
 
@@ -127,8 +118,7 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> CniResult<CniEnv> {
-        let map: BTreeMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         CniEnv::from_lookup(|k| map.get(k).cloned())
     }
 
@@ -179,9 +169,7 @@ mod tests {
     }
 
     #[test]
-    fn args_parse() {
-        let e = env(&with(&[("CNI_ARGS", "IgnoreUnknown=1;IP=10.0.0.5")])).unwrap();
-        assert!(e.ignore_unknown_args());
-        assert_eq!(e.args["IP"], "10.0.0.5");
+    fn runtime_args_are_accepted() {
+        env(&with(&[("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=web-0;IP=10.0.0.5")])).unwrap();
     }
 }

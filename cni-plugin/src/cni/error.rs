@@ -17,8 +17,6 @@ impl ErrorCode {
     pub const IO: Self = Self(5);
     pub const DECODE: Self = Self(6);
     pub const INVALID_CONFIG: Self = Self(7);
-    pub const TRY_AGAIN_LATER: Self = Self(11);
-    pub const NOT_AVAILABLE: Self = Self(50);
     /// Plugin-specific: no free address left in a range set.
     pub const POOL_EXHAUSTED: Self = Self(100);
     /// Plugin-specific: the pod already has this interface (or its host end exists).

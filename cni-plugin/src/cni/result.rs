@@ -99,7 +99,11 @@ mod tests {
         AddResult {
             interfaces: vec![
                 Interface { name: "ec0".into(), mac: "02:00:00:00:00:01".into(), sandbox: None },
-                Interface { name: "eth0".into(), mac: "02:00:00:00:00:02".into(), sandbox: Some("/run/netns/p".into()) },
+                Interface {
+                    name: "eth0".into(),
+                    mac: "02:00:00:00:00:02".into(),
+                    sandbox: Some("/run/netns/p".into()),
+                },
             ],
             ips: vec![IpConfig {
                 address: "10.1.0.5/24".parse().unwrap(),

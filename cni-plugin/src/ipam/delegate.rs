@@ -59,7 +59,8 @@ impl Delegated {
         let json: Value = if output.stdout.iter().all(u8::is_ascii_whitespace) {
             Value::Null
         } else {
-            serde_json::from_slice(&output.stdout).cni(ErrorCode::DECODE, format!("{} printed invalid JSON", self.kind))?
+            serde_json::from_slice(&output.stdout)
+                .cni(ErrorCode::DECODE, format!("{} printed invalid JSON", self.kind))?
         };
         if output.status.success() {
             return Ok(json);

@@ -104,15 +104,11 @@ impl HostLocal {
 
 /// Round-robin: the first free address after the last one handed out, wrapping once.
 fn next_free<'a>(store: &Store, set: &'a RangeSet, index: usize) -> Option<(Ipv4Addr, &'a Range)> {
-    let all = || set.iter().flat_map(|r| (u32::from(r.start)..=u32::from(r.end)).map(move |ip| (Ipv4Addr::from(ip), r)));
-    let skip = store
-        .last_reserved(index)
-        .and_then(|last| all().position(|(ip, _)| ip == last))
-        .map_or(0, |pos| pos + 1);
-    all()
-        .skip(skip)
-        .chain(all().take(skip))
-        .find(|(ip, r)| r.is_allocatable(*ip) && !store.is_reserved(*ip))
+    let all =
+        || set.iter().flat_map(|r| (u32::from(r.start)..=u32::from(r.end)).map(move |ip| (Ipv4Addr::from(ip), r)));
+    let skip =
+        store.last_reserved(index).and_then(|last| all().position(|(ip, _)| ip == last)).map_or(0, |pos| pos + 1);
+    all().skip(skip).chain(all().take(skip)).find(|(ip, r)| r.is_allocatable(*ip) && !store.is_reserved(*ip))
 }
 
 fn parse_route(r: &RouteConf) -> CniResult<Route> {
@@ -136,7 +132,11 @@ mod tests {
     }
 
     fn tempdir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("ebpf-cni-ipam-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let dir = std::env::temp_dir().join(format!(
+            "ebpf-cni-ipam-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         dir
     }
@@ -146,9 +146,8 @@ mod tests {
         let dir = tempdir();
         let ipam = ipam(&dir, json!({}));
         // /29: .1 gateway, .2–.6 free (5 addresses).
-        let got: Vec<String> = (0..5)
-            .map(|i| ipam.allocate(&format!("c{i}"), "eth0").unwrap().ips[0].address.to_string())
-            .collect();
+        let got: Vec<String> =
+            (0..5).map(|i| ipam.allocate(&format!("c{i}"), "eth0").unwrap().ips[0].address.to_string()).collect();
         assert_eq!(got, ["10.9.0.2/29", "10.9.0.3/29", "10.9.0.4/29", "10.9.0.5/29", "10.9.0.6/29"]);
         let err = ipam.allocate("c9", "eth0").unwrap_err();
         assert_eq!(err.code, ErrorCode::POOL_EXHAUSTED);

@@ -34,7 +34,10 @@ impl Range {
         let subnet: Ipv4Network = match raw.parse::<IpNetwork>() {
             Ok(IpNetwork::V4(net)) => net,
             Ok(IpNetwork::V6(_)) => {
-                return Err(CniError::new(ErrorCode::UNSUPPORTED_FIELD, format!("subnet {raw}: IPv6 is not supported yet")));
+                return Err(CniError::new(
+                    ErrorCode::UNSUPPORTED_FIELD,
+                    format!("subnet {raw}: IPv6 is not supported yet"),
+                ));
             }
             Err(e) => return Err(invalid(format!("subnet {raw:?} is not a valid CIDR")).with_details(e)),
         };
@@ -104,7 +107,11 @@ mod tests {
             range("banana"),
             range("10.0.0.0/31"),
             RangeConf { range_start: Some("10.9.0.1".into()), ..range("10.1.2.0/24") },
-            RangeConf { range_start: Some("10.1.2.9".into()), range_end: Some("10.1.2.3".into()), ..range("10.1.2.0/24") },
+            RangeConf {
+                range_start: Some("10.1.2.9".into()),
+                range_end: Some("10.1.2.3".into()),
+                ..range("10.1.2.0/24")
+            },
             RangeConf::default(),
         ];
         for c in cases {

@@ -62,7 +62,12 @@ impl Netlink {
             builder = builder.mtu(mtu);
         }
         let message = builder.set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build()))).build();
-        self.handle.link().add(message).execute().await.with_context(|| format!("creating veth {host} <-> {pod_ifname}"))
+        self.handle
+            .link()
+            .add(message)
+            .execute()
+            .await
+            .with_context(|| format!("creating veth {host} <-> {pod_ifname}"))
     }
 
     pub async fn set_up(&self, index: u32) -> Result<()> {

@@ -1,0 +1,70 @@
+//! Executes `ebpf-cni` the way a container runtime does.
+use std::{
+    io::Write,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+/// One invocation's outcome.
+#[derive(Debug)]
+pub struct CniOutput {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl CniOutput {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or(Value::Null)
+    }
+
+    /// The error code of a failed call (`None` if it succeeded or printed no error JSON).
+    pub fn code(&self) -> Option<u64> {
+        if self.success { None } else { self.json().get("code")?.as_u64() }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Plugin {
+    pub binary: PathBuf,
+}
+
+impl Plugin {
+    /// The binary under test: `EBPF_CNI_BIN`, else the workspace's debug build.
+    pub fn from_env() -> Result<Self> {
+        let binary = std::env::var_os("EBPF_CNI_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/ebpf-cni"));
+        anyhow::ensure!(binary.is_file(), "plugin binary {} not found: run `cargo xtask build`", binary.display());
+        Ok(Self { binary })
+    }
+
+    /// Runs the plugin in `node_netns` with exactly the given CNI_* variables and stdin.
+    pub fn exec(&self, node_netns: &str, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
+        let started = Instant::now();
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{node_netns}"))
+            .arg(&self.binary)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawning ebpf-cni")?;
+        child.stdin.take().context("stdin")?.write_all(stdin.as_bytes())?;
+        let out = child.wait_with_output()?;
+        Ok(CniOutput {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            elapsed: started.elapsed(),
+        })
+    }
+}

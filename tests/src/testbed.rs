@@ -1,0 +1,195 @@
+//! The node under test: node namespace, pods, private bpffs and data dir.
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use crate::{
+    guard::{Bpffs, NetnsGuard, run, run_in},
+    plugin::{CniOutput, Plugin},
+};
+
+/// The node's address inside its namespace.
+pub const NODE_IP: &str = "10.255.255.1";
+
+static RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// A pod: its namespace and the container ID the runtime would use for it.
+pub struct Pod {
+    pub netns: NetnsGuard,
+    pub container_id: String,
+}
+
+impl Pod {
+    pub fn netns_path(&self) -> String {
+        self.netns.path().display().to_string()
+    }
+}
+
+/// Fields drop in order: pods, then the node, then the bpffs mount and data dir.
+pub struct Testbed {
+    pub pods: Vec<Pod>,
+    pub node: NetnsGuard,
+    pub plugin: Plugin,
+    pub network: String,
+    pub subnet: String,
+    pub run_id: String,
+    bpffs: Bpffs,
+}
+
+impl Testbed {
+    /// A node namespace named `ecni-<tag>-<pid>-<n>` with its own bpffs and IPAM dir.
+    pub fn new(tag: &str, subnet: &str) -> Result<Self> {
+        Self::with_plugin(tag, subnet, Plugin::from_env()?)
+    }
+
+    pub fn with_plugin(tag: &str, subnet: &str, plugin: Plugin) -> Result<Self> {
+        let run_id = format!("ecni-{tag}-{}-{}", std::process::id(), RUNS.fetch_add(1, Ordering::Relaxed));
+        let bpffs = Bpffs::mount(&std::env::temp_dir().join(&run_id))?;
+        let node = NetnsGuard::create(&format!("{run_id}-node"))?;
+        // The node's own address (kubelet probes come from it); lives only in this namespace.
+        run_in(&node.name, "ip", &["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"])?;
+        Ok(Self {
+            pods: Vec::new(),
+            node,
+            plugin,
+            network: format!("net-{tag}"),
+            subnet: subnet.to_string(),
+            run_id,
+            bpffs,
+        })
+    }
+
+    /// Creates the namespace of pod number `pods.len()` and returns its index.
+    pub fn new_pod(&mut self) -> Result<usize> {
+        let index = self.pods.len();
+        let netns = NetnsGuard::create(&format!("{}-p{index}", self.run_id))?;
+        self.pods.push(Pod { netns, container_id: format!("{}-c{index}", self.run_id) });
+        Ok(index)
+    }
+
+    pub fn bpffs_root(&self) -> PathBuf {
+        self.bpffs.mount_point().join("ebpf-cni")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.bpffs.base.join("ipam")
+    }
+
+    /// The network's pins: `<bpffs>/ebpf-cni/<network>`.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpffs_root().join(&self.network)
+    }
+
+    pub fn map_pin(&self, map: &str) -> PathBuf {
+        self.pin_dir().join("v1/maps").join(map)
+    }
+
+    /// The network configuration a runtime would pass, in the given spec version.
+    pub fn conf(&self, version: &str) -> Value {
+        json!({
+            "cniVersion": version,
+            "name": self.network,
+            "type": "ebpf-cni",
+            "mtu": 1500,
+            "bpffsRoot": self.bpffs_root(),
+            "ipam": { "type": "host-local", "subnet": self.subnet, "dataDir": self.data_dir() },
+        })
+    }
+
+    /// Runs one verb for `pod` (ifname eth0) with `conf` on stdin.
+    pub fn cni(&self, command: &str, pod: usize, conf: &Value) -> Result<CniOutput> {
+        let pod = &self.pods[pod];
+        let netns = if command == "DEL" { String::new() } else { pod.netns_path() };
+        self.cni_raw(
+            &[
+                ("CNI_COMMAND", command),
+                ("CNI_CONTAINERID", &pod.container_id),
+                ("CNI_NETNS", &netns),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_PATH", "/usr/lib/cni"),
+            ],
+            &conf.to_string(),
+        )
+    }
+
+    pub fn cni_raw(&self, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
+        self.plugin.exec(&self.node.name, env, stdin)
+    }
+
+    /// ADD in spec 1.0.0 that must succeed; returns the pod's address without prefix.
+    pub fn add(&self, pod: usize) -> Result<String> {
+        let out = self.cni("ADD", pod, &self.conf("1.0.0"))?;
+        anyhow::ensure!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
+        let address = out.json()["ips"][0]["address"].as_str().context("no address")?.to_string();
+        Ok(address.split('/').next().unwrap_or_default().to_string())
+    }
+
+    pub fn del(&self, pod: usize) -> Result<()> {
+        let out = self.cni("DEL", pod, &self.conf("1.0.0"))?;
+        anyhow::ensure!(out.success, "DEL failed: {} {}", out.stdout, out.stderr);
+        Ok(())
+    }
+
+    /// One ping from a namespace, one second to answer.
+    pub fn ping(&self, from_netns: &str, ip: &str) -> bool {
+        run_in(from_netns, "ping", &["-c", "1", "-W", "1", ip]).is_ok()
+    }
+
+    /// Interfaces the plugin made in the node (host ends are named `ecni…`).
+    pub fn host_veths(&self) -> Result<Vec<String>> {
+        let out = run_in(&self.node.name, "ip", &["-o", "link", "show"])?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .filter(|n| n.starts_with("ecni"))
+            .collect())
+    }
+
+    /// Reserved addresses in the IPAM dir (files named like an IP).
+    pub fn ip_files(&self) -> Vec<String> {
+        std::fs::read_dir(self.data_dir().join(&self.network))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.parse::<std::net::Ipv4Addr>().is_ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `bpftool map dump pinned …` as JSON: BTF-formatted entries with field names.
+    pub fn map_dump(&self, map: &str) -> Result<Value> {
+        let pin = self.map_pin(map);
+        let out = run("bpftool", &["-j", "map", "dump", "pinned", pin.to_str().context("path")?])?;
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// The id of the pinned `from_pod` program (the same id means it was not loaded again).
+    pub fn program_id(&self) -> Result<u64> {
+        let pin = self.pin_dir().join("v1/progs/from_pod");
+        let out = run("bpftool", &["-j", "prog", "show", "pinned", pin.to_str().context("path")?])?;
+        let info: Value = serde_json::from_slice(&out.stdout)?;
+        info["id"].as_u64().context("program id")
+    }
+
+    /// Packets counted for a drop reason (summed over CPUs) from the pinned METRICS map.
+    pub fn drops(&self, reason: u32) -> Result<u64> {
+        let dump = self.map_dump("METRICS")?;
+        let entries = dump.as_array().context("METRICS dump is not a list")?;
+        let mut total = 0;
+        for entry in entries {
+            let entry = entry.get("formatted").unwrap_or(entry);
+            if entry["key"].as_u64() != Some(u64::from(reason)) {
+                continue;
+            }
+            for cpu in entry["values"].as_array().context("per-CPU values")? {
+                total += cpu["value"]["packets"].as_u64().context("BTF field `packets` missing")?;
+            }
+        }
+        Ok(total)
+    }
+}

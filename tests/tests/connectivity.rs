@@ -1,0 +1,51 @@
+//! Three pods on one node: every pod reaches every other and the node reaches every pod; a
+//! spoofed source is dropped and counted; later ADDs reuse the pinned program.
+use ebpf_cni_tests::{NODE_IP, Testbed, require_privileges, run_in};
+
+/// `DropReason::SpoofedSource` in ebpf-common.
+const SPOOFED_SOURCE: u32 = 2;
+
+#[test]
+fn three_pods_reach_each_other_and_the_node() {
+    if !require_privileges("three_pods_reach_each_other_and_the_node") {
+        return;
+    }
+    let mut tb = Testbed::new("conn", "10.250.0.0/24").unwrap();
+    let mut ips = Vec::new();
+    let mut program = None;
+    for _ in 0..3 {
+        let pod = tb.new_pod().unwrap();
+        ips.push(tb.add(pod).unwrap());
+        let id = tb.program_id().unwrap();
+        assert_eq!(*program.get_or_insert(id), id, "a later ADD loaded the program again");
+    }
+    for (from, pod) in tb.pods.iter().enumerate() {
+        for (to, ip) in ips.iter().enumerate() {
+            if from != to {
+                assert!(tb.ping(&pod.netns.name, ip), "pod {from} cannot reach pod {to} ({ip})");
+            }
+        }
+        assert!(tb.ping(&pod.netns.name, NODE_IP), "pod {from} cannot reach the node");
+        assert!(tb.ping(&tb.node.name, &ips[from]), "node cannot reach pod {from}");
+    }
+}
+
+#[test]
+fn spoofed_source_is_dropped_and_counted() {
+    if !require_privileges("spoofed_source_is_dropped_and_counted") {
+        return;
+    }
+    let mut tb = Testbed::new("spoof", "10.251.0.0/24").unwrap();
+    let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
+    tb.add(a).unwrap();
+    let ip_b = tb.add(b).unwrap();
+    let ns_a = tb.pods[a].netns.name.clone();
+    assert!(tb.ping(&ns_a, &ip_b), "legitimate traffic must pass first");
+    let before = tb.drops(SPOOFED_SOURCE).unwrap();
+    // The pod claims an address IPAM never gave it.
+    run_in(&ns_a, "ip", &["addr", "add", "10.251.0.200/32", "dev", "eth0"]).unwrap();
+    let spoofed = run_in(&ns_a, "ping", &["-c", "2", "-W", "1", "-I", "10.251.0.200", &ip_b]);
+    assert!(spoofed.is_err(), "a ping from a spoofed source got an answer");
+    let after = tb.drops(SPOOFED_SOURCE).unwrap();
+    assert!(after >= before + 2, "spoofed packets not counted: {before} -> {after}");
+}

@@ -1,0 +1,109 @@
+//! ADD/DEL lifecycle: DEL leaves nothing and is idempotent; a failed ADD rolls back everything.
+use ebpf_cni_tests::{Testbed, require_privileges, run};
+
+fn assert_nothing_left(tb: &Testbed) {
+    assert_eq!(tb.host_veths().unwrap(), Vec::<String>::new(), "host veths left");
+    assert_eq!(tb.ip_files(), Vec::<String>::new(), "IP reservations left");
+    assert!(!tb.pin_dir().exists(), "pins left in {}", tb.pin_dir().display());
+}
+
+#[test]
+fn del_leaves_nothing_and_is_idempotent() {
+    if !require_privileges("del_leaves_nothing_and_is_idempotent") {
+        return;
+    }
+    let mut tb = Testbed::new("del", "10.252.0.0/24").unwrap();
+    for _ in 0..3 {
+        let pod = tb.new_pod().unwrap();
+        tb.add(pod).unwrap();
+    }
+    assert_eq!(tb.host_veths().unwrap().len(), 3);
+    assert_eq!(tb.ip_files().len(), 3);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+        tb.del(pod).unwrap();
+    }
+    assert_nothing_left(&tb);
+    // A container this node never saw.
+    let conf = tb.conf("1.0.0").to_string();
+    let out = tb
+        .cni_raw(
+            &[
+                ("CNI_COMMAND", "DEL"),
+                ("CNI_CONTAINERID", "never-seen"),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_PATH", "/usr/lib/cni"),
+            ],
+            &conf,
+        )
+        .unwrap();
+    assert!(out.success, "DEL of an unknown container failed: {}", out.stdout);
+    assert!(out.stdout.trim().is_empty(), "DEL printed on stdout: {}", out.stdout);
+}
+
+#[test]
+fn del_after_netns_is_gone() {
+    if !require_privileges("del_after_netns_is_gone") {
+        return;
+    }
+    let mut tb = Testbed::new("gone", "10.253.0.0/24").unwrap();
+    let pod = tb.new_pod().unwrap();
+    tb.add(pod).unwrap();
+    run("ip", &["netns", "del", &tb.pods[pod].netns.name]).unwrap();
+    tb.del(pod).unwrap();
+    assert_nothing_left(&tb);
+}
+
+#[test]
+fn add_twice_fails_and_keeps_the_first() {
+    if !require_privileges("add_twice_fails_and_keeps_the_first") {
+        return;
+    }
+    let mut tb = Testbed::new("twice", "10.254.0.0/24").unwrap();
+    let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
+    let ip_a = tb.add(a).unwrap();
+    tb.add(b).unwrap();
+    let again = tb.cni("ADD", a, &tb.conf("1.0.0")).unwrap();
+    assert_eq!(again.code(), Some(101), "second ADD: {}", again.stdout);
+    assert!(again.json()["msg"].as_str().unwrap().contains("already exists"));
+    assert_eq!(tb.ip_files().len(), 2, "the failed ADD must not reserve or release addresses");
+    assert!(tb.ping(&tb.pods[b].netns.name, &ip_a), "the first attachment was damaged");
+}
+
+#[test]
+fn exhausted_pool_rolls_back() {
+    if !require_privileges("exhausted_pool_rolls_back") {
+        return;
+    }
+    // A /30 has exactly one address to give: .1 is the gateway.
+    let mut tb = Testbed::new("pool", "10.249.0.0/30").unwrap();
+    let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
+    tb.add(a).unwrap();
+    let out = tb.cni("ADD", b, &tb.conf("1.0.0")).unwrap();
+    assert_eq!(out.code(), Some(100), "{}", out.stdout);
+    assert_eq!(tb.host_veths().unwrap().len(), 1, "the failed ADD left a veth");
+    assert_eq!(tb.ip_files().len(), 1);
+    let links = run("ip", &["-n", &tb.pods[b].netns.name, "-o", "link"]).unwrap();
+    assert!(!String::from_utf8_lossy(&links.stdout).contains("eth0"), "the failed ADD left eth0 in the pod");
+}
+
+#[test]
+fn failure_after_the_veth_rolls_back_everything() {
+    if !require_privileges("failure_after_the_veth_rolls_back_everything") {
+        return;
+    }
+    let mut tb = Testbed::new("rollback", "10.248.0.0/24").unwrap();
+    let pod = tb.new_pod().unwrap();
+    // Pins under a directory that is not bpffs: ADD fails at the datapath step, after IPAM,
+    // the veth pair, addresses and routes are already done.
+    let mut conf = tb.conf("1.0.0");
+    conf["bpffsRoot"] = serde_json::json!(tb.data_dir().join("not-bpffs"));
+    let out = tb.cni("ADD", pod, &conf).unwrap();
+    assert_eq!(out.code(), Some(102), "{} {}", out.stdout, out.stderr);
+    assert_eq!(tb.host_veths().unwrap(), Vec::<String>::new());
+    assert_eq!(tb.ip_files(), Vec::<String>::new());
+    assert!(!tb.data_dir().join("not-bpffs").exists(), "ADD created a directory outside bpffs");
+    // The runtime sends DEL after a failed ADD: it must succeed too.
+    let del = tb.cni("DEL", pod, &conf).unwrap();
+    assert!(del.success, "{}", del.stdout);
+}
