@@ -100,15 +100,22 @@ impl Testbed {
         })
     }
 
-    /// Runs one verb for `pod` (ifname eth0) with `conf` on stdin.
+    /// Runs one verb for `pod` (ifname eth0) with `conf` on stdin, as kubelet does: CNI_NETNS
+    /// set while the pod's namespace exists.
     pub fn cni(&self, command: &str, pod: usize, conf: &Value) -> Result<CniOutput> {
+        let netns = self.pods[pod].netns_path();
+        let netns = if std::path::Path::new(&netns).exists() { netns } else { String::new() };
+        self.cni_with_netns(command, pod, conf, &netns)
+    }
+
+    /// Like [`Self::cni`] with an explicit CNI_NETNS (containerd sends DEL with an empty one).
+    pub fn cni_with_netns(&self, command: &str, pod: usize, conf: &Value, netns: &str) -> Result<CniOutput> {
         let pod = &self.pods[pod];
-        let netns = if command == "DEL" { String::new() } else { pod.netns_path() };
         self.cni_raw(
             &[
                 ("CNI_COMMAND", command),
                 ("CNI_CONTAINERID", &pod.container_id),
-                ("CNI_NETNS", &netns),
+                ("CNI_NETNS", netns),
                 ("CNI_IFNAME", "eth0"),
                 ("CNI_PATH", "/usr/lib/cni"),
             ],
@@ -129,7 +136,16 @@ impl Testbed {
     }
 
     pub fn del(&self, pod: usize) -> Result<()> {
-        let out = self.cni("DEL", pod, &self.conf("1.0.0"))?;
+        self.del_with_netns(pod, &self.pods[pod].netns_path())
+    }
+
+    /// DEL as containerd sends it when the sandbox is already gone: empty CNI_NETNS.
+    pub fn del_without_netns(&self, pod: usize) -> Result<()> {
+        self.del_with_netns(pod, "")
+    }
+
+    fn del_with_netns(&self, pod: usize, netns: &str) -> Result<()> {
+        let out = self.cni_with_netns("DEL", pod, &self.conf("1.0.0"), netns)?;
         anyhow::ensure!(out.success, "DEL failed: {} {}", out.stdout, out.stderr);
         Ok(())
     }

@@ -26,6 +26,11 @@ enum Task {
     Test,
     /// Three pods on a throwaway node: ADD, ping, iperf3, bpftool, DEL, nothing left.
     Demo,
+    /// Benchmarks against the reference bridge plugin (arguments go to the bench binary).
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -44,6 +49,13 @@ fn main() -> Result<()> {
         Task::Demo => {
             setup::run()?;
             demo::run(cmd::build_plugin(true)?)
+        }
+        Task::Bench { args } => {
+            setup::run()?;
+            let plugin = cmd::build_plugin(true)?;
+            let mut full = vec!["run", "--quiet", "--release", "--package", "bench", "--"];
+            full.extend(args.iter().map(String::as_str));
+            cmd::cargo_with_env(&full, &[("EBPF_CNI_BIN", plugin.as_os_str())])
         }
     }
 }

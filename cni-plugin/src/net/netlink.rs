@@ -75,10 +75,10 @@ impl Netlink {
         self.handle.link().set(message).execute().await.context("setting link up")
     }
 
-    /// Deletes a link by name; a link that does not exist is not an error.
+    /// Deletes a link by name in one request; a link that does not exist is not an error.
     pub async fn delete_link(&self, name: &str) -> Result<()> {
-        let Some(link) = self.link(name).await? else { return Ok(()) };
-        match self.handle.link().del(link.index).execute().await {
+        let message = LinkUnspec::new_with_name(name).build();
+        match self.handle.link().del_with_message(message).execute().await {
             Err(e) if !is_not_found(&e) => Err(e).with_context(|| format!("deleting link {name}")),
             _ => Ok(()),
         }
