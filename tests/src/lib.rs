@@ -10,4 +10,4 @@ mod testbed;
 pub use guard::{Bpffs, NetnsGuard, run, run_in};
 pub use plugin::{CniOutput, Plugin};
 pub use privileges::require_privileges;
-pub use testbed::{NODE_IP, Pod, Testbed};
+pub use testbed::{NODE_IP, Pod, TEST_MTU, Testbed};

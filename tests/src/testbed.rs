@@ -12,6 +12,9 @@ use crate::{
     plugin::{CniOutput, Plugin},
 };
 
+/// MTU the test configuration asks for (not the kernel's default, so a test can see it applied).
+pub const TEST_MTU: u32 = 1450;
+
 /// The node's address inside its namespace.
 pub const NODE_IP: &str = "10.255.255.1";
 
@@ -94,7 +97,7 @@ impl Testbed {
             "cniVersion": version,
             "name": self.network,
             "type": "ebpf-cni",
-            "mtu": 1500,
+            "mtu": TEST_MTU,
             "bpffsRoot": self.bpffs_root(),
             "ipam": { "type": "host-local", "subnet": self.subnet, "dataDir": self.data_dir() },
         })

@@ -1,6 +1,6 @@
 //! Three pods on one node: every pod reaches every other and the node reaches every pod; a
 //! spoofed source is dropped and counted; later ADDs reuse the pinned program.
-use ebpf_cni_tests::{NODE_IP, Testbed, require_privileges, run_in};
+use ebpf_cni_tests::{NODE_IP, TEST_MTU, Testbed, require_privileges, run_in};
 
 /// `DropReason::SpoofedSource` in ebpf-common.
 const SPOOFED_SOURCE: u32 = 2;
@@ -18,6 +18,11 @@ fn three_pods_reach_each_other_and_the_node() {
         ips.push(tb.add(pod).unwrap());
         let id = tb.program_id().unwrap();
         assert_eq!(*program.get_or_insert(id), id, "a later ADD loaded the program again");
+    }
+    for (index, pod) in tb.pods.iter().enumerate() {
+        let link = run_in(&pod.netns.name, "ip", &["-o", "link", "show", "eth0"]).unwrap();
+        let link = String::from_utf8_lossy(&link.stdout).into_owned();
+        assert!(link.contains(&format!("mtu {TEST_MTU} ")), "pod {index}: MTU from the config not applied: {link}");
     }
     for (from, pod) in tb.pods.iter().enumerate() {
         for (to, ip) in ips.iter().enumerate() {

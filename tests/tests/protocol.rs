@@ -86,6 +86,7 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
         ("unknown command", vec![("CNI_COMMAND", "FROB".into())], good.to_string(), 4),
         ("bad CIDR", env("c1", "eth0", &netns), bad_cidr.to_string(), 7),
         ("missing netns", env("c1", "eth0", "/run/netns/ebpf-cni-does-not-exist"), good.to_string(), 3),
+        ("netns that is not a namespace", env("c1", "eth0", "/etc/hostname"), good.to_string(), 4),
         ("ipMasq not yet supported", env("c1", "eth0", &netns), with("ipMasq", json!(true)), 2),
     ];
     for (what, env, stdin, code) in cases {

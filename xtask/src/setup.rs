@@ -9,8 +9,10 @@ use crate::cmd::{command, output, status};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-/// Tools the tests, the demo and the build call: ip, ping, nsenter/mount, bpftool, iperf3.
-const PACKAGES: [&str; 5] = ["iproute2", "iputils-ping", "util-linux", "bpftool", "iperf3"];
+/// Tools the tests, the demo and the benchmarks call: ip, ping, nsenter/mount, bpftool, iperf3,
+/// and the reference plugins (`bridge` to compare with, `static` as a delegated IPAM plugin).
+const PACKAGES: [&str; 6] =
+    ["iproute2", "iputils-ping", "util-linux", "bpftool", "iperf3", "containernetworking-plugins"];
 
 pub fn run() -> Result<()> {
     let llvm = nightly_llvm_major()?;

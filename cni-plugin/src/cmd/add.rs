@@ -26,8 +26,11 @@ use crate::{
 pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<AddResult> {
     let netns_path = env.netns.as_deref().expect("validated: ADD has CNI_NETNS");
     let pod_ns = Netns::open(netns_path).map_err(|e| {
-        CniError::new(ErrorCode::UNKNOWN_CONTAINER, format!("cannot open netns {}", netns_path.display()))
-            .with_details(e)
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => ErrorCode::UNKNOWN_CONTAINER,
+            _ => ErrorCode::INVALID_ENV,
+        };
+        CniError::new(code, format!("cannot use CNI_NETNS {}", netns_path.display())).with_details(e)
     })?;
     let attachment = Attachment::new(&env.container_id, &env.ifname);
     let node = Netlink::connect().cni(ErrorCode::IO, "cannot open netlink")?;

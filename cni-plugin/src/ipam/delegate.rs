@@ -31,8 +31,14 @@ impl Delegated {
     }
 
     pub fn add(&self, env: &CniEnv) -> CniResult<Allocation> {
-        let out = self.exec(env, "ADD")?;
-        parse_result(&out)
+        let allocation = parse_result(&self.exec(env, "ADD")?)?;
+        if allocation.ips.is_empty() {
+            return Err(CniError::new(
+                ErrorCode::INVALID_CONFIG,
+                format!("IPAM plugin {} returned no address", self.kind),
+            ));
+        }
+        Ok(allocation)
     }
 
     pub fn del(&self, env: &CniEnv) -> CniResult<()> {
@@ -75,11 +81,14 @@ impl Delegated {
 /// Reads `ips`, `routes` and `dns` of a ≥0.3.0 result (older `ip4` results are not supported).
 fn parse_result(json: &Value) -> CniResult<Allocation> {
     let bad = |what: &str| CniError::new(ErrorCode::DECODE, format!("IPAM result: {what}"));
+    if json.get("ip4").is_some() {
+        return Err(bad("results before 0.3.0 (`ip4`) are not supported"));
+    }
     let ips = json
         .get("ips")
         .and_then(Value::as_array)
-        .ok_or_else(|| bad("no `ips` (results before 0.3.0 are not supported)"))?
-        .iter()
+        .into_iter()
+        .flatten()
         .map(|ip| {
             let address = ip.get("address").and_then(Value::as_str).ok_or_else(|| bad("ip without address"))?;
             Ok(IpConfig {

@@ -15,8 +15,15 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// Opens a namespace file (`/run/netns/x`, `/proc/<pid>/ns/net`); anything not on nsfs is
+    /// refused with `InvalidInput`.
     pub fn open(path: &Path) -> io::Result<Self> {
-        Ok(Self { file: File::open(path)? })
+        let file = File::open(path)?;
+        let on_nsfs = nix::sys::statfs::fstatfs(&file).is_ok_and(|s| s.filesystem_type().0 == libc::NSFS_MAGIC);
+        if !on_nsfs {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a namespace file"));
+        }
+        Ok(Self { file })
     }
 
     /// The namespace the calling thread is in now.
