@@ -180,6 +180,17 @@ impl Testbed {
             .unwrap_or_default()
     }
 
+    /// What the plugin left in this node: host veths, IP reservations, the network's pins.
+    /// Empty once every attachment is deleted.
+    pub fn leftovers(&self) -> Result<Vec<String>> {
+        let mut left: Vec<String> = self.host_veths()?.into_iter().map(|v| format!("veth {v}")).collect();
+        left.extend(self.ip_files().into_iter().map(|ip| format!("IP file {ip}")));
+        if self.pin_dir().exists() {
+            left.push(format!("pins {}", self.pin_dir().display()));
+        }
+        Ok(left)
+    }
+
     /// `bpftool map dump pinned …` as JSON: BTF-formatted entries with field names.
     pub fn map_dump(&self, map: &str) -> Result<Value> {
         let pin = self.map_pin(map);

@@ -30,8 +30,7 @@ fn static_ipam_plugin_is_executed_from_cni_path() {
         let out = tb.cni("DEL", pod, &static_conf(&tb, address)).unwrap();
         assert!(out.success, "{}", out.stdout);
     }
-    assert_eq!(tb.host_veths().unwrap(), Vec::<String>::new());
-    assert!(!tb.pin_dir().exists(), "pins left after the last DEL");
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }
 
 #[test]
@@ -54,5 +53,5 @@ fn missing_or_failing_ipam_plugin_leaves_nothing() {
     empty["ipam"] = json!({ "type": "static" });
     let out = tb.cni("ADD", pod, &empty).unwrap();
     assert_eq!(out.code(), Some(7), "{}", out.stdout);
-    assert_eq!(tb.host_veths().unwrap(), Vec::<String>::new());
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }

@@ -1,12 +1,6 @@
 //! ADD/DEL lifecycle: DEL leaves nothing and is idempotent; a failed ADD rolls back everything.
 use ebpf_cni_tests::{Testbed, require_privileges, run};
 
-fn assert_nothing_left(tb: &Testbed) {
-    assert_eq!(tb.host_veths().unwrap(), Vec::<String>::new(), "host veths left");
-    assert_eq!(tb.ip_files(), Vec::<String>::new(), "IP reservations left");
-    assert!(!tb.pin_dir().exists(), "pins left in {}", tb.pin_dir().display());
-}
-
 #[test]
 fn del_leaves_nothing_and_is_idempotent() {
     if !require_privileges("del_leaves_nothing_and_is_idempotent") {
@@ -25,7 +19,7 @@ fn del_leaves_nothing_and_is_idempotent() {
         tb.del(pod).unwrap();
         tb.del_without_netns(pod).unwrap();
     }
-    assert_nothing_left(&tb);
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
     // A container this node never saw.
     let conf = tb.conf("1.0.0").to_string();
     let out = tb
@@ -53,7 +47,7 @@ fn del_after_netns_is_gone() {
     tb.add(pod).unwrap();
     run("ip", &["netns", "del", &tb.pods[pod].netns.name]).unwrap();
     tb.del_without_netns(pod).unwrap();
-    assert_nothing_left(&tb);
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }
 
 #[test]
@@ -102,8 +96,7 @@ fn failure_after_the_veth_rolls_back_everything() {
     conf["bpffsRoot"] = serde_json::json!(tb.data_dir().join("not-bpffs"));
     let out = tb.cni("ADD", pod, &conf).unwrap();
     assert_eq!(out.code(), Some(102), "{} {}", out.stdout, out.stderr);
-    assert_eq!(tb.host_veths().unwrap(), Vec::<String>::new());
-    assert_eq!(tb.ip_files(), Vec::<String>::new());
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
     assert!(!tb.data_dir().join("not-bpffs").exists(), "ADD created a directory outside bpffs");
     // The runtime sends DEL after a failed ADD: it must succeed too.
     let del = tb.cni("DEL", pod, &conf).unwrap();

@@ -98,7 +98,6 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
         assert_eq!(err["code"], code, "{what}: {err}");
         assert!(err["msg"].as_str().is_some_and(|m| !m.is_empty()), "{what}: no msg");
         assert!(err.get("cniVersion").is_some() && err.get("details").is_some(), "{what}: {err}");
-        assert_eq!(tb.host_veths().unwrap(), Vec::<String>::new(), "{what}: left a veth");
-        assert_eq!(tb.ip_files(), Vec::<String>::new(), "{what}: left an address");
+        assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new(), "{what}");
     }
 }

@@ -69,11 +69,9 @@ pub fn run(binary: PathBuf) -> Result<()> {
         println!("== DEL {} in {:.1} ms", tb.pods[pod].container_id, del_ms[pod]);
     }
 
-    let veths = tb.host_veths()?;
-    let ip_files = tb.ip_files();
-    let pins = tb.pin_dir().exists();
-    println!("\n== after DEL: host veths {veths:?}, IP files {ip_files:?}, pin dir present: {pins}");
-    ensure!(veths.is_empty() && ip_files.is_empty() && !pins, "DEL left something behind");
+    let left = tb.leftovers()?;
+    println!("\n== after DEL: host veths, IP files, pins left: {left:?}");
+    ensure!(left.is_empty(), "DEL left something behind");
     println!("nothing left");
     println!(
         "\n== wall time per call (plugin process, as a runtime sees it): ADD {} ms, DEL {} ms",
