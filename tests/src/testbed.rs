@@ -44,6 +44,12 @@ pub struct Testbed {
 }
 
 impl Testbed {
+    /// The testbed for test `name`, or `None` when the test must be skipped (not root, off CI;
+    /// under `CI=true` it panics instead, see [`crate::require_privileges`]).
+    pub fn for_test(name: &str, tag: &str, subnet: &str) -> Option<Self> {
+        crate::require_privileges(name).then(|| Self::new(tag, subnet).expect("building the test node"))
+    }
+
     /// A node namespace named `ecni-<tag>-<pid>-<n>` with its own bpffs and IPAM dir.
     pub fn new(tag: &str, subnet: &str) -> Result<Self> {
         Self::with_plugin(tag, subnet, Plugin::from_env()?)

@@ -1,16 +1,15 @@
 //! Three pods on one node: every pod reaches every other and the node reaches every pod; a
 //! spoofed source is dropped and counted; later ADDs reuse the pinned program.
-use ebpf_cni_tests::{NODE_IP, TEST_MTU, Testbed, require_privileges, run_in};
+use ebpf_cni_tests::{NODE_IP, TEST_MTU, Testbed, run_in};
 
 /// `DropReason::SpoofedSource` in ebpf-common.
 const SPOOFED_SOURCE: u32 = 2;
 
 #[test]
 fn three_pods_reach_each_other_and_the_node() {
-    if !require_privileges("three_pods_reach_each_other_and_the_node") {
+    let Some(mut tb) = Testbed::for_test("three_pods_reach_each_other_and_the_node", "conn", "10.250.0.0/24") else {
         return;
-    }
-    let mut tb = Testbed::new("conn", "10.250.0.0/24").unwrap();
+    };
     let mut ips = Vec::new();
     let mut program = None;
     for _ in 0..3 {
@@ -37,10 +36,9 @@ fn three_pods_reach_each_other_and_the_node() {
 
 #[test]
 fn spoofed_source_is_dropped_and_counted() {
-    if !require_privileges("spoofed_source_is_dropped_and_counted") {
+    let Some(mut tb) = Testbed::for_test("spoofed_source_is_dropped_and_counted", "spoof", "10.251.0.0/24") else {
         return;
-    }
-    let mut tb = Testbed::new("spoof", "10.251.0.0/24").unwrap();
+    };
     let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
     tb.add(a).unwrap();
     let ip_b = tb.add(b).unwrap();

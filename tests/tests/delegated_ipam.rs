@@ -1,6 +1,6 @@
 //! An `ipam.type` other than ours is executed from CNI_PATH (here the reference `static` plugin):
 //! its addresses are used for ADD, DEL is forwarded, and its errors come back with their code.
-use ebpf_cni_tests::{Testbed, require_privileges};
+use ebpf_cni_tests::Testbed;
 use serde_json::{Value, json};
 
 fn static_conf(tb: &Testbed, address: &str) -> Value {
@@ -14,10 +14,10 @@ fn static_conf(tb: &Testbed, address: &str) -> Value {
 
 #[test]
 fn static_ipam_plugin_is_executed_from_cni_path() {
-    if !require_privileges("static_ipam_plugin_is_executed_from_cni_path") {
+    let Some(mut tb) = Testbed::for_test("static_ipam_plugin_is_executed_from_cni_path", "deleg", "10.243.0.0/24")
+    else {
         return;
-    }
-    let mut tb = Testbed::new("deleg", "10.243.0.0/24").unwrap();
+    };
     let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
     for (pod, address) in [(a, "10.243.0.10/24"), (b, "10.243.0.11/24")] {
         let out = tb.cni("ADD", pod, &static_conf(&tb, address)).unwrap();
@@ -35,10 +35,10 @@ fn static_ipam_plugin_is_executed_from_cni_path() {
 
 #[test]
 fn missing_or_failing_ipam_plugin_leaves_nothing() {
-    if !require_privileges("missing_or_failing_ipam_plugin_leaves_nothing") {
+    let Some(mut tb) = Testbed::for_test("missing_or_failing_ipam_plugin_leaves_nothing", "delegerr", "10.242.0.0/24")
+    else {
         return;
-    }
-    let mut tb = Testbed::new("delegerr", "10.242.0.0/24").unwrap();
+    };
     let pod = tb.new_pod().unwrap();
     let mut missing = tb.conf("1.0.0");
     missing["ipam"] = json!({ "type": "no-such-ipam-plugin" });

@@ -5,7 +5,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use ebpf_cni_tests::{Testbed, require_privileges};
+use ebpf_cni_tests::Testbed;
 use serde_json::{Value, json};
 
 /// Runs the reference host-local binary directly, as an IPAM plugin is run.
@@ -35,10 +35,9 @@ fn host_local(tb: &Testbed, command: &str, container_id: &str) -> Value {
 
 #[test]
 fn reservations_are_shared_with_host_local() {
-    if !require_privileges("reservations_are_shared_with_host_local") {
+    let Some(mut tb) = Testbed::for_test("reservations_are_shared_with_host_local", "hlcompat", "10.241.0.0/24") else {
         return;
-    }
-    let mut tb = Testbed::new("hlcompat", "10.241.0.0/24").unwrap();
+    };
     let theirs = host_local(&tb, "ADD", "reserved-by-host-local");
     assert_eq!(theirs["ips"][0]["address"], "10.241.0.2/24");
     let pod = tb.new_pod().unwrap();

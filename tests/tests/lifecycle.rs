@@ -1,12 +1,11 @@
 //! ADD/DEL lifecycle: DEL leaves nothing and is idempotent; a failed ADD rolls back everything.
-use ebpf_cni_tests::{Testbed, require_privileges, run};
+use ebpf_cni_tests::{Testbed, run};
 
 #[test]
 fn del_leaves_nothing_and_is_idempotent() {
-    if !require_privileges("del_leaves_nothing_and_is_idempotent") {
+    let Some(mut tb) = Testbed::for_test("del_leaves_nothing_and_is_idempotent", "del", "10.252.0.0/24") else {
         return;
-    }
-    let mut tb = Testbed::new("del", "10.252.0.0/24").unwrap();
+    };
     for _ in 0..3 {
         let pod = tb.new_pod().unwrap();
         tb.add(pod).unwrap();
@@ -39,10 +38,7 @@ fn del_leaves_nothing_and_is_idempotent() {
 
 #[test]
 fn del_after_netns_is_gone() {
-    if !require_privileges("del_after_netns_is_gone") {
-        return;
-    }
-    let mut tb = Testbed::new("gone", "10.253.0.0/24").unwrap();
+    let Some(mut tb) = Testbed::for_test("del_after_netns_is_gone", "gone", "10.253.0.0/24") else { return };
     let pod = tb.new_pod().unwrap();
     tb.add(pod).unwrap();
     run("ip", &["netns", "del", &tb.pods[pod].netns.name]).unwrap();
@@ -52,10 +48,9 @@ fn del_after_netns_is_gone() {
 
 #[test]
 fn add_twice_fails_and_keeps_the_first() {
-    if !require_privileges("add_twice_fails_and_keeps_the_first") {
+    let Some(mut tb) = Testbed::for_test("add_twice_fails_and_keeps_the_first", "twice", "10.254.0.0/24") else {
         return;
-    }
-    let mut tb = Testbed::new("twice", "10.254.0.0/24").unwrap();
+    };
     let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
     let ip_a = tb.add(a).unwrap();
     tb.add(b).unwrap();
@@ -68,11 +63,8 @@ fn add_twice_fails_and_keeps_the_first() {
 
 #[test]
 fn exhausted_pool_rolls_back() {
-    if !require_privileges("exhausted_pool_rolls_back") {
-        return;
-    }
     // A /30 has exactly one address to give: .1 is the gateway.
-    let mut tb = Testbed::new("pool", "10.249.0.0/30").unwrap();
+    let Some(mut tb) = Testbed::for_test("exhausted_pool_rolls_back", "pool", "10.249.0.0/30") else { return };
     let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
     tb.add(a).unwrap();
     let out = tb.cni("ADD", b, &tb.conf("1.0.0")).unwrap();
@@ -85,10 +77,10 @@ fn exhausted_pool_rolls_back() {
 
 #[test]
 fn failure_after_the_veth_rolls_back_everything() {
-    if !require_privileges("failure_after_the_veth_rolls_back_everything") {
+    let Some(mut tb) = Testbed::for_test("failure_after_the_veth_rolls_back_everything", "rollback", "10.248.0.0/24")
+    else {
         return;
-    }
-    let mut tb = Testbed::new("rollback", "10.248.0.0/24").unwrap();
+    };
     let pod = tb.new_pod().unwrap();
     // Pins under a directory that is not bpffs: ADD fails at the datapath step, after IPAM,
     // the veth pair, addresses and routes are already done.

@@ -1,16 +1,13 @@
 //! The CNI contract as a runtime sees it: VERSION, results per spec version, and bad input
 //! getting the right error code with nothing left behind.
-use ebpf_cni_tests::{Testbed, require_privileges};
+use ebpf_cni_tests::Testbed;
 use serde_json::{Value, json};
 
 const VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 #[test]
 fn version_reports_every_supported_version() {
-    if !require_privileges("version_reports_every_supported_version") {
-        return;
-    }
-    let tb = Testbed::new("ver", "10.247.0.0/24").unwrap();
+    let Some(tb) = Testbed::for_test("version_reports_every_supported_version", "ver", "10.247.0.0/24") else { return };
     for asked in ["0.3.1", "1.0.0", "1.1.0"] {
         let out = tb.cni_raw(&[("CNI_COMMAND", "VERSION")], &json!({ "cniVersion": asked }).to_string()).unwrap();
         assert!(out.success);
@@ -22,10 +19,9 @@ fn version_reports_every_supported_version() {
 
 #[test]
 fn add_result_has_the_format_of_each_version() {
-    if !require_privileges("add_result_has_the_format_of_each_version") {
+    let Some(mut tb) = Testbed::for_test("add_result_has_the_format_of_each_version", "fmt", "10.246.0.0/24") else {
         return;
-    }
-    let mut tb = Testbed::new("fmt", "10.246.0.0/24").unwrap();
+    };
     for version in VERSIONS {
         let pod = tb.new_pod().unwrap();
         let out = tb.cni("ADD", pod, &tb.conf(version)).unwrap();
@@ -53,10 +49,9 @@ fn add_result_has_the_format_of_each_version() {
 
 #[test]
 fn bad_input_gets_its_code_and_leaves_nothing() {
-    if !require_privileges("bad_input_gets_its_code_and_leaves_nothing") {
+    let Some(mut tb) = Testbed::for_test("bad_input_gets_its_code_and_leaves_nothing", "bad", "10.245.0.0/24") else {
         return;
-    }
-    let mut tb = Testbed::new("bad", "10.245.0.0/24").unwrap();
+    };
     let pod = tb.new_pod().unwrap();
     let netns = tb.pods[pod].netns_path();
     let good = tb.conf("1.0.0");
