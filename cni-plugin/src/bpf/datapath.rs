@@ -96,10 +96,14 @@ impl Datapath {
         HashMap::try_from(map).map(Some).cni(ErrorCode::DATAPATH, "pinned ENDPOINTS has another layout")
     }
 
-    pub fn add_endpoint(&self, ip: Ipv4Addr, endpoint: Endpoint) -> CniResult<()> {
+    /// Inserts the attachment's endpoints (one per pod address), opening the map once.
+    pub fn add_endpoints(&self, ips: &[Ipv4Addr], endpoint: Endpoint) -> CniResult<()> {
         let mut map = self.endpoints()?.ok_or_else(|| internal("ENDPOINTS is not pinned"))?;
-        map.insert(IpKey::v4(ip.octets()), endpoint, 0)
-            .cni(ErrorCode::DATAPATH, format!("cannot add endpoint {ip} (map full?)"))
+        for ip in ips {
+            map.insert(IpKey::v4(ip.octets()), endpoint, 0)
+                .cni(ErrorCode::DATAPATH, format!("cannot add endpoint {ip} (map full?)"))?;
+        }
+        Ok(())
     }
 
     /// Removes every endpoint the attachment owns; returns how many.

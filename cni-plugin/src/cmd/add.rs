@@ -99,17 +99,15 @@ impl Setup<'_> {
         }
         let datapath = Datapath::lock(&self.conf.bpffs_root(), &self.conf.name)?;
         datapath.ensure_loaded()?;
-        for ip in &ips {
-            let endpoint = Endpoint {
-                host_ifindex: host.index,
-                flags: 0,
-                owner: self.attachment.cookie(),
-                pod_mac: pod.mac,
-                host_mac: host.mac,
-                pad: [0; 4],
-            };
-            datapath.add_endpoint(*ip, endpoint)?;
-        }
+        let endpoint = Endpoint {
+            host_ifindex: host.index,
+            flags: 0,
+            owner: self.attachment.cookie(),
+            pod_mac: pod.mac,
+            host_mac: host.mac,
+            pad: [0; 4],
+        };
+        datapath.add_endpoints(&ips, endpoint)?;
         datapath.attach(&host_ifname, &self.env.container_id, &self.env.ifname)?;
         Ok(AddResult {
             interfaces: vec![

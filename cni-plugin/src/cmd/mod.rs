@@ -22,12 +22,7 @@ pub fn run() -> ExitCode {
     let started = Instant::now();
     let mut stdin = Vec::new();
     let read = std::io::stdin().read_to_end(&mut stdin);
-    // Errors are reported in the version the caller asked for when we can tell it.
-    let asked_version = serde_json::from_slice::<Value>(&stdin)
-        .ok()
-        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
-        .filter(|v| version::is_supported(v))
-        .unwrap_or_else(|| version::LATEST.to_string());
+    let asked_version = version::asked(&stdin);
     let outcome = match read {
         Ok(_) => dispatch(&stdin),
         Err(e) => Err(CniError::new(ErrorCode::IO, "cannot read stdin").with_details(e)),
@@ -55,7 +50,7 @@ fn command_name() -> String {
 fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
     let env = CniEnv::from_lookup(|key| std::env::var(key).ok())?;
     if env.command == Command::Version {
-        return Ok(Some(version_reply(stdin)));
+        return Ok(Some(json!({ "cniVersion": version::asked(stdin), "supportedVersions": version::SUPPORTED })));
     }
     let conf = NetConf::parse(stdin)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -73,14 +68,4 @@ fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
             Command::Version => unreachable!("answered above"),
         }
     })
-}
-
-/// VERSION answers in the version it was asked in when we speak it, else in our latest.
-fn version_reply(stdin: &[u8]) -> Value {
-    let asked = serde_json::from_slice::<Value>(stdin)
-        .ok()
-        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
-        .filter(|v| version::is_supported(v))
-        .unwrap_or_else(|| version::LATEST.to_string());
-    json!({ "cniVersion": asked, "supportedVersions": version::SUPPORTED })
 }

@@ -14,3 +14,13 @@ pub fn is_supported(version: &str) -> bool {
 pub fn result_has_ip_version(version: &str) -> bool {
     version.starts_with("0.")
 }
+
+/// The `cniVersion` of a request on stdin if we speak it, else our latest: errors and VERSION
+/// answer in it.
+pub fn asked(stdin: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
+        .filter(|v| is_supported(v))
+        .unwrap_or_else(|| LATEST.to_string())
+}
