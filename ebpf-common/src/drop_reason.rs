@@ -13,12 +13,24 @@ pub enum DropReason {
     UnsupportedProtocol = 4,
     /// The redirect helper refused the target interface.
     RedirectFailed = 5,
+    /// Masquerade found no free port for a new flow (all tries taken by live flows).
+    NatPortsExhausted = 6,
+    /// Masquerade cannot translate it: an IP fragment, an ICMP type other than echo, or a
+    /// protocol other than TCP, UDP and ICMP. Dropped rather than leaked with the pod's address.
+    NatUntranslatable = 7,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 5] =
-        [Self::Malformed, Self::SpoofedSource, Self::SpoofedArp, Self::UnsupportedProtocol, Self::RedirectFailed];
+    pub const ALL: [DropReason; 7] = [
+        Self::Malformed,
+        Self::SpoofedSource,
+        Self::SpoofedArp,
+        Self::UnsupportedProtocol,
+        Self::RedirectFailed,
+        Self::NatPortsExhausted,
+        Self::NatUntranslatable,
+    ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
     pub const SLOTS: u32 = Self::ALL.len() as u32 + 1;
@@ -30,6 +42,8 @@ impl DropReason {
             Self::SpoofedArp => "spoofed-arp",
             Self::UnsupportedProtocol => "unsupported-protocol",
             Self::RedirectFailed => "redirect-failed",
+            Self::NatPortsExhausted => "nat-ports-exhausted",
+            Self::NatUntranslatable => "nat-untranslatable",
         }
     }
 

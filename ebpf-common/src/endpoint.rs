@@ -48,11 +48,3 @@ pub struct Counter {
     pub packets: u64,
     pub bytes: u64,
 }
-
-#[cfg(feature = "user")]
-mod pod {
-    // SAFETY: plain `#[repr(C)]` data without padding-dependent invariants.
-    unsafe impl aya::Pod for super::IpKey {}
-    unsafe impl aya::Pod for super::Endpoint {}
-    unsafe impl aya::Pod for super::Counter {}
-}

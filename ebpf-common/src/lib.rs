@@ -5,14 +5,18 @@
 //! [`PIN_LAYOUT_VERSION`], because pins of the old layout stay in bpffs across upgrades.
 #![no_std]
 
+mod config;
 mod drop_reason;
 mod endpoint;
+mod nat;
 
+pub use config::DatapathConfig;
 pub use drop_reason::DropReason;
 pub use endpoint::{Counter, Endpoint, FAMILY_IPV4, FAMILY_IPV6, IpKey};
+pub use nat::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
-pub const PIN_LAYOUT_VERSION: u32 = 1;
+pub const PIN_LAYOUT_VERSION: u32 = 2;
 
 /// Capacity of `ENDPOINTS`: one entry per pod address on the node. 64 Ki entries of
 /// 20 + 32 bytes cost about 5 MiB of kernel memory, far above kubelet's default of 110 pods.
@@ -21,6 +25,23 @@ pub const ENDPOINTS_MAX_ENTRIES: u32 = 65_536;
 /// Names of the programs and maps as they appear in the object and in bpffs.
 pub mod names {
     pub const FROM_POD: &str = "from_pod";
+    pub const TO_UPLINK: &str = "to_uplink";
+    pub const FROM_UPLINK: &str = "from_uplink";
     pub const ENDPOINTS: &str = "ENDPOINTS";
     pub const METRICS: &str = "METRICS";
+    pub const NAT: &str = "NAT";
+    pub const SETTINGS: &str = "SETTINGS";
+    /// The global holding [`crate::DatapathConfig`].
+    pub const CONFIG: &str = "CONFIG";
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `#[repr(C)]` data with explicit padding fields and no invariants.
+    unsafe impl aya::Pod for crate::IpKey {}
+    unsafe impl aya::Pod for crate::Endpoint {}
+    unsafe impl aya::Pod for crate::Counter {}
+    unsafe impl aya::Pod for crate::NatKey {}
+    unsafe impl aya::Pod for crate::NatEntry {}
+    unsafe impl aya::Pod for crate::DatapathConfig {}
 }

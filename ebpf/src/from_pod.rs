@@ -4,7 +4,10 @@
 //! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing).
 //! 3. IPv4 to another pod on this node is delivered straight into that pod with
 //!    `bpf_redirect_peer` (no second pass through the host stack).
-//! 4. Anything else IPv4 goes to the node's routing (`TC_ACT_OK`).
+//! 4. IPv4 to a pod on another node (cluster CIDR) is forwarded through the FIB (`fib.rs`).
+//! 5. Anything else IPv4 goes to the node's stack (`TC_ACT_OK`): the node's own addresses,
+//!    service addresses that kube-proxy translates, and the outside, which is masqueraded on
+//!    the way out of the uplink (`nat.rs`), after the node's own NAT rules had their say.
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_REDIRECT},
     helpers::bpf_redirect_peer,
@@ -16,7 +19,7 @@ use network_types::{
     ip::Ipv4Hdr,
 };
 
-use crate::{arp, maps, packet};
+use crate::{arp, config, fib, maps, packet};
 
 pub fn handle(ctx: &TcContext) -> i32 {
     let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {
@@ -45,6 +48,9 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
         _ => return maps::drop(ctx, DropReason::SpoofedSource),
     }
     let Some(peer) = maps::endpoint(&IpKey::v4(dst)) else {
+        if config::get().in_cluster(dst) {
+            return fib::forward(ctx, eth, ip);
+        }
         return TC_ACT_OK as i32;
     };
     // SAFETY: bounds checked by `header_mut`.

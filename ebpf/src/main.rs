@@ -1,16 +1,26 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
-//! one concern (see `from_pod.rs`).
+//! one concern (`from_pod.rs`, `nat.rs`, `fib.rs`, `arp.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 #[cfg(target_arch = "bpf")]
 mod arp;
 #[cfg(target_arch = "bpf")]
+mod config;
+#[cfg(target_arch = "bpf")]
+mod fib;
+#[cfg(target_arch = "bpf")]
+mod flow;
+#[cfg(target_arch = "bpf")]
 mod from_pod;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod nat;
+#[cfg(target_arch = "bpf")]
 mod packet;
+#[cfg(target_arch = "bpf")]
+mod rewrite;
 
 #[cfg(target_arch = "bpf")]
 mod programs {
@@ -20,6 +30,18 @@ mod programs {
     #[classifier]
     pub fn from_pod(ctx: TcContext) -> i32 {
         crate::from_pod::handle(&ctx)
+    }
+
+    /// TC egress of the uplink: masquerade pod → outside.
+    #[classifier]
+    pub fn to_uplink(ctx: TcContext) -> i32 {
+        crate::nat::egress(&ctx)
+    }
+
+    /// TC ingress of the uplink: replies to masqueraded flows, straight into their pod.
+    #[classifier]
+    pub fn from_uplink(ctx: TcContext) -> i32 {
+        crate::nat::ingress(&ctx)
     }
 
     #[panic_handler]

@@ -1,15 +1,27 @@
 //! Maps shared with the plugin, all BTF-typed (`#[btf_map]`) so bpftool prints field names.
 //! The plugin pins them per network; the sizes are documented on the constants in ebpf-common.
 use aya_ebpf::{
-    btf_maps::{HashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
     macros::btf_map,
     programs::TcContext,
 };
-use ebpf_common::{Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, IpKey};
+use ebpf_common::{
+    Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, IpKey, NAT_MAX_ENTRIES, NatEntry, NatKey,
+};
 
 /// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
 #[btf_map]
 pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize }> = HashMap::new();
+
+/// Masqueraded flows, both directions (see `nat.rs`). LRU: a full map forgets the oldest flow.
+#[btf_map]
+pub static NAT: LruHashMap<NatKey, NatEntry, { NAT_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+/// A copy of the `CONFIG` global the programs were loaded with, written once by the plugin.
+/// The programs read the global; this is for people (`bpftool map dump`) and for later ADDs,
+/// which refuse a configuration that differs from what is loaded.
+#[btf_map]
+pub static SETTINGS: Array<DatapathConfig, 1> = Array::new();
 
 /// Drop counters indexed by `DropReason`, per CPU so that counting never contends.
 #[btf_map]

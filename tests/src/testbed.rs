@@ -93,8 +93,13 @@ impl Testbed {
         self.bpffs_root().join(&self.network)
     }
 
+    /// `<pin dir>/v<N>`, N being the pinned layout version.
+    pub fn version_dir(&self) -> PathBuf {
+        self.pin_dir().join(format!("v{}", ebpf_common::PIN_LAYOUT_VERSION))
+    }
+
     pub fn map_pin(&self, map: &str) -> PathBuf {
-        self.pin_dir().join("v1/maps").join(map)
+        self.version_dir().join("maps").join(map)
     }
 
     /// The network configuration a runtime would pass, in the given spec version.
@@ -206,20 +211,20 @@ impl Testbed {
 
     /// The id of the pinned `from_pod` program (the same id means it was not loaded again).
     pub fn program_id(&self) -> Result<u64> {
-        let pin = self.pin_dir().join("v1/progs/from_pod");
+        let pin = self.version_dir().join("progs/from_pod");
         let out = run("bpftool", &["-j", "prog", "show", "pinned", pin.to_str().context("path")?])?;
         let info: Value = serde_json::from_slice(&out.stdout)?;
         info["id"].as_u64().context("program id")
     }
 
     /// Packets counted for a drop reason (summed over CPUs) from the pinned METRICS map.
-    pub fn drops(&self, reason: u32) -> Result<u64> {
+    pub fn drops(&self, reason: ebpf_common::DropReason) -> Result<u64> {
         let dump = self.map_dump("METRICS")?;
         let entries = dump.as_array().context("METRICS dump is not a list")?;
         let mut total = 0;
         for entry in entries {
             let entry = entry.get("formatted").unwrap_or(entry);
-            if entry["key"].as_u64() != Some(u64::from(reason)) {
+            if entry["key"].as_u64() != Some(reason as u64) {
                 continue;
             }
             for cpu in entry["values"].as_array().context("per-CPU values")? {

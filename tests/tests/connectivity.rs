@@ -1,9 +1,7 @@
 //! Three pods on one node: every pod reaches every other and the node reaches every pod; a
 //! spoofed source is dropped and counted; later ADDs reuse the pinned program.
 use ebpf_cni_tests::{NODE_IP, TEST_MTU, Testbed, run_in};
-
-/// `DropReason::SpoofedSource` in ebpf-common.
-const SPOOFED_SOURCE: u32 = 2;
+use ebpf_common::DropReason;
 
 #[test]
 fn three_pods_reach_each_other_and_the_node() {
@@ -44,11 +42,11 @@ fn spoofed_source_is_dropped_and_counted() {
     let ip_b = tb.add(b).unwrap();
     let ns_a = tb.pods[a].netns.name.clone();
     assert!(tb.ping(&ns_a, &ip_b), "legitimate traffic must pass first");
-    let before = tb.drops(SPOOFED_SOURCE).unwrap();
+    let before = tb.drops(DropReason::SpoofedSource).unwrap();
     // The pod claims an address IPAM never gave it.
     run_in(&ns_a, "ip", &["addr", "add", "10.251.0.200/32", "dev", "eth0"]).unwrap();
     let spoofed = run_in(&ns_a, "ping", &["-c", "2", "-W", "1", "-I", "10.251.0.200", &ip_b]);
     assert!(spoofed.is_err(), "a ping from a spoofed source got an answer");
-    let after = tb.drops(SPOOFED_SOURCE).unwrap();
+    let after = tb.drops(DropReason::SpoofedSource).unwrap();
     assert!(after >= before + 2, "spoofed packets not counted: {before} -> {after}");
 }

@@ -60,6 +60,12 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
         c[key] = value;
         c.to_string()
     };
+    let with_masq_uplink = |uplink: &str| {
+        let mut c = good.clone();
+        c["ipMasq"] = json!(true);
+        c["uplink"] = json!(uplink);
+        c.to_string()
+    };
     let mut bad_cidr = good.clone();
     bad_cidr["ipam"]["subnet"] = json!("10.0.0.0/33");
     let env = |id: &'static str, ifname: &'static str, ns: &str| {
@@ -82,7 +88,9 @@ fn bad_input_gets_its_code_and_leaves_nothing() {
         ("bad CIDR", env("c1", "eth0", &netns), bad_cidr.to_string(), 7),
         ("missing netns", env("c1", "eth0", "/run/netns/ebpf-cni-does-not-exist"), good.to_string(), 3),
         ("netns that is not a namespace", env("c1", "eth0", "/etc/hostname"), good.to_string(), 4),
-        ("ipMasq not yet supported", env("c1", "eth0", &netns), with("ipMasq", json!(true)), 2),
+        ("ipMasq, no default route", env("c1", "eth0", &netns), with("ipMasq", json!(true)), 7),
+        ("bad clusterCIDR", env("c1", "eth0", &netns), with("clusterCIDR", json!("10.1.0.0/40")), 7),
+        ("uplink that does not exist", env("c1", "eth0", &netns), with_masq_uplink("nope0"), 7),
     ];
     for (what, env, stdin, code) in cases {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -11,7 +11,6 @@ use std::{
 };
 
 use aya::{
-    EbpfLoader,
     maps::{HashMap, Map, MapData},
     programs::{LinkOrder, SchedClassifier, TcAttachType, links::FdLink, tc::TcAttachOptions},
 };
@@ -21,11 +20,8 @@ use nix::fcntl::{Flock, FlockArg};
 use super::pins::Pins;
 use crate::cni::{CniError, CniResult, Context, ErrorCode};
 
-/// The TC object built from `ebpf/`, with BTF, embedded at build time.
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni"));
-
 pub struct Datapath {
-    pins: Pins,
+    pub(super) pins: Pins,
     _lock: Flock<File>,
 }
 
@@ -50,40 +46,9 @@ impl Datapath {
         Ok(Self { pins: Pins::new(root, network), _lock: lock })
     }
 
-    fn is_loaded(&self) -> bool {
+    pub(super) fn is_loaded(&self) -> bool {
         // The program is pinned last, so its pin means maps and program are all there.
         self.pins.program(names::FROM_POD).exists()
-    }
-
-    /// Loads and pins the programs and maps unless an earlier ADD already did.
-    pub fn ensure_loaded(&self) -> CniResult<()> {
-        if self.is_loaded() {
-            return Ok(());
-        }
-        // A load interrupted before the program pin leaves maps only: start over.
-        for dir in ["maps", "progs"] {
-            let _ = fs::remove_dir_all(self.pins.version_dir().join(dir));
-        }
-        for dir in ["maps", "progs", "links"] {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(self.pins.version_dir().join(dir))
-                .cni(ErrorCode::DATAPATH, "cannot create pin directories")?;
-        }
-        let mut ebpf = EbpfLoader::new().load(OBJECT).cni(ErrorCode::DATAPATH, "kernel refused the eBPF object")?;
-        for name in [names::ENDPOINTS, names::METRICS] {
-            let map = ebpf.map(name).ok_or_else(|| internal(format!("object has no map {name}")))?;
-            map.pin(self.pins.map(name)).cni(ErrorCode::DATAPATH, format!("cannot pin map {name}"))?;
-        }
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(names::FROM_POD)
-            .ok_or_else(|| internal("object has no from_pod program"))?
-            .try_into()
-            .cni(ErrorCode::INTERNAL, "from_pod is not a classifier")?;
-        program.load().cni(ErrorCode::DATAPATH, "verifier rejected from_pod")?;
-        program.pin(self.pins.program(names::FROM_POD)).cni(ErrorCode::DATAPATH, "cannot pin from_pod")?;
-        Ok(())
     }
 
     fn endpoints(&self) -> CniResult<Option<HashMap<MapData, IpKey, Endpoint>>> {
@@ -171,6 +136,6 @@ fn remove_pin(path: &Path) -> CniResult<()> {
     }
 }
 
-fn internal(msg: impl Into<String>) -> CniError {
+pub(super) fn internal(msg: impl Into<String>) -> CniError {
     CniError::new(ErrorCode::INTERNAL, msg)
 }

@@ -1,5 +1,5 @@
 //! Where a network's objects live in bpffs:
-//! `<root>/<network>/v<N>/{progs,maps,links}/…`, `N` being the pinned layout version, so a
+//! `<root>/<network>/v<N>/{progs,maps,links,uplink}/…`, `N` being the pinned layout version, so a
 //! plugin upgrade with a new map layout never opens pins of the old one.
 use std::path::{Path, PathBuf};
 
@@ -40,5 +40,12 @@ impl Pins {
     /// One TCX link per attachment; its name is unique because container ID + ifname are.
     pub fn link(&self, container_id: &str, ifname: &str) -> PathBuf {
         self.links_dir().join(format!("{container_id}-{ifname}"))
+    }
+}
+
+impl Pins {
+    /// The uplink's TCX links, one per program, shared by all pods of the network.
+    pub fn uplink_link(&self, program: &str) -> PathBuf {
+        self.version_dir.join("uplink").join(program)
     }
 }

@@ -4,12 +4,12 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use ebpf_common::Endpoint;
-use ipnetwork::IpNetwork;
+use ipnetwork::{IpNetwork, Ipv4Network};
 
 use super::del::teardown;
 use crate::{
     attachment::Attachment,
-    bpf::Datapath,
+    bpf::{Datapath, Settings},
     cni::{
         CniError, CniResult, Context, ErrorCode,
         config::NetConf,
@@ -97,8 +97,9 @@ impl Setup<'_> {
             let host_route = IpNetwork::new(IpAddr::V4(*ip), 32).expect("/32");
             self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
         }
+        let settings = Settings::resolve(self.conf, pod_subnet(&allocation)?, self.node).await?;
         let datapath = Datapath::lock(&self.conf.bpffs_root(), &self.conf.name)?;
-        datapath.ensure_loaded()?;
+        datapath.ensure_loaded(&settings)?;
         let endpoint = Endpoint {
             host_ifindex: host.index,
             flags: 0,
@@ -136,6 +137,18 @@ fn ipv4_only(allocation: &Allocation) -> CniResult<Vec<Ipv4Addr>> {
             }
         })
         .collect()
+}
+
+/// The subnet of the pod's first IPv4 address: the cluster CIDR unless the config names one.
+fn pod_subnet(allocation: &Allocation) -> CniResult<Ipv4Network> {
+    allocation
+        .ips
+        .iter()
+        .find_map(|ip| match ip.address {
+            IpNetwork::V4(net) => Ipv4Network::new(net.network(), net.prefix()).ok(),
+            IpNetwork::V6(_) => None,
+        })
+        .ok_or_else(|| CniError::new(ErrorCode::INVALID_CONFIG, "IPAM gave the pod no IPv4 address"))
 }
 
 /// IPAM's routes, or a default route; each without a gateway goes via the address's gateway.

@@ -27,6 +27,7 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink)
         let steps = Datapath::lock(&root, &conf.name).and_then(|dp| {
             dp.detach(&env.container_id, &env.ifname)?;
             dp.remove_endpoints(attachment.cookie())?;
+            dp.remove_nat(attachment.cookie())?;
             dp.remove_if_unused().map(drop)
         });
         if let Err(e) = steps {

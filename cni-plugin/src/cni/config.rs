@@ -1,5 +1,7 @@
 //! The network configuration the runtime writes on stdin.
-use std::path::PathBuf;
+use std::{net::Ipv4Addr, ops::RangeInclusive, path::PathBuf};
+
+use ipnetwork::Ipv4Network;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -8,6 +10,10 @@ use super::{CniError, CniResult, ErrorCode, env::validate_container_id, version}
 
 /// Where programs, maps and links are pinned unless the config says otherwise.
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ebpf-cni";
+
+/// Ports a masqueraded flow may get when its own source port is taken: the upper half, where
+/// the ports of long-lived services rarely are.
+pub const DEFAULT_MASQ_PORTS: RangeInclusive<u16> = 32_768..=65_535;
 
 /// Smallest MTU the kernel accepts for IPv4.
 const MIN_MTU: u32 = 68;
@@ -22,8 +28,21 @@ pub struct NetConf {
     /// Kept raw: its shape depends on `ipam.type` (ours, or a delegated plugin's own).
     pub ipam: Option<Value>,
     pub mtu: Option<u32>,
+    /// Masquerade pod → outside traffic behind the node's address (in BPF; off by default, as
+    /// in `bridge`).
     #[serde(default)]
     pub ip_masq: bool,
+    /// Pod addresses of all nodes, never masqueraded and forwarded between nodes as they are.
+    /// Default: the subnet of the pod's address.
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: Option<String>,
+    /// The interface masqueraded traffic leaves by. Default: that of the node's default route.
+    pub uplink: Option<String>,
+    /// The address masqueraded traffic leaves with. Default: the uplink's primary IPv4 address.
+    #[serde(rename = "nodeIP")]
+    pub node_ip: Option<Ipv4Addr>,
+    /// `"min-max"`: where masquerade looks for a port when a flow's own one is taken.
+    pub masq_port_range: Option<String>,
     /// Root of our pins in bpffs; one directory per network below it.
     pub bpffs_root: Option<PathBuf>,
 }
@@ -60,11 +79,30 @@ impl NetConf {
         if self.ipam.is_none() {
             return Err(invalid("ipam is required: ebpf-cni gives every pod an address"));
         }
-        if self.ip_masq {
-            return Err(CniError::new(ErrorCode::UNSUPPORTED_FIELD, "ipMasq: true is not supported yet")
-                .with_details("BPF masquerade is planned; set ipMasq to false"));
+        self.cluster_cidr()?;
+        self.masq_ports()?;
+        if let Some(uplink) = self.uplink.as_deref().filter(|u| u.is_empty() || u.len() > 15 || u.contains('/')) {
+            return Err(invalid(format!("uplink {uplink:?} is not an interface name")));
         }
         Ok(())
+    }
+
+    pub fn cluster_cidr(&self) -> CniResult<Option<Ipv4Network>> {
+        let Some(cidr) = self.cluster_cidr.as_deref() else { return Ok(None) };
+        let net: Ipv4Network = cidr.parse().map_err(|e| invalid(format!("clusterCIDR {cidr:?}: {e}")))?;
+        // The network address, whatever host bits were written.
+        Ok(Some(Ipv4Network::new(net.network(), net.prefix()).expect("same prefix")))
+    }
+
+    pub fn masq_ports(&self) -> CniResult<RangeInclusive<u16>> {
+        let Some(text) = self.masq_port_range.as_deref() else { return Ok(DEFAULT_MASQ_PORTS) };
+        let bad = || invalid(format!("masqPortRange {text:?} must be \"min-max\" with 1 <= min <= max <= 65535"));
+        let (min, max) = text.split_once('-').ok_or_else(bad)?;
+        let (min, max): (u16, u16) = (min.trim().parse().map_err(|_| bad())?, max.trim().parse().map_err(|_| bad())?);
+        if min == 0 || min > max {
+            return Err(bad());
+        }
+        Ok(min..=max)
     }
 
     pub fn bpffs_root(&self) -> PathBuf {
@@ -92,6 +130,20 @@ mod tests {
         .unwrap();
         assert_eq!(c.name, "n1");
         assert_eq!(c.bpffs_root(), PathBuf::from(DEFAULT_BPFFS_ROOT));
+        assert!(!c.ip_masq);
+        assert_eq!(c.masq_ports().unwrap(), DEFAULT_MASQ_PORTS);
+    }
+
+    #[test]
+    fn masquerade_settings() {
+        let c = parse(
+            r#"{"cniVersion":"1.1.0","name":"n","type":"ebpf-cni","ipam":{},"ipMasq":true,
+                "clusterCIDR":"10.244.3.7/16","uplink":"eth1","nodeIP":"192.0.2.1","masqPortRange":"40000-40010"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.cluster_cidr().unwrap().unwrap().to_string(), "10.244.0.0/16");
+        assert_eq!(c.masq_ports().unwrap(), 40_000..=40_010);
+        assert_eq!(c.node_ip, Some(Ipv4Addr::new(192, 0, 2, 1)));
     }
 
     #[test]
@@ -104,7 +156,24 @@ mod tests {
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"mtu":10}"#, ErrorCode::INVALID_CONFIG),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"mtu":"x"}"#, ErrorCode::INVALID_CONFIG),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t"}"#, ErrorCode::INVALID_CONFIG),
-            (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"ipMasq":true}"#, ErrorCode::UNSUPPORTED_FIELD),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"clusterCIDR":"10.0.0.0/33"}"#,
+                ErrorCode::INVALID_CONFIG,
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"clusterCIDR":"fd00::/8"}"#,
+                ErrorCode::INVALID_CONFIG,
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"masqPortRange":"2-1"}"#,
+                ErrorCode::INVALID_CONFIG,
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"masqPortRange":"0-9"}"#,
+                ErrorCode::INVALID_CONFIG,
+            ),
+            (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"uplink":"a/b"}"#, ErrorCode::INVALID_CONFIG),
+            (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"nodeIP":"x"}"#, ErrorCode::INVALID_CONFIG),
         ];
         for (input, code) in cases {
             assert_eq!(parse(input).unwrap_err().code, code, "{input}");

@@ -7,8 +7,10 @@ use ipnetwork::IpNetwork;
 use rtnetlink::{
     Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
     packet_route::{
+        AddressFamily,
+        address::{AddressAttribute, AddressHeaderFlags, AddressScope},
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
-        route::RouteScope,
+        route::{RouteAttribute, RouteHeader, RouteScope},
     },
 };
 
@@ -107,6 +109,63 @@ impl Netlink {
             None => builder.scope(RouteScope::Link),
         };
         self.handle.route().add(builder.build()).execute().await.with_context(|| format!("adding route {dst}"))
+    }
+}
+
+impl Netlink {
+    /// The interface of the IPv4 default route in the main table (the lowest metric wins).
+    pub async fn default_route_ifindex(&self) -> Result<Option<u32>> {
+        let request = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut routes = self.handle.route().get(request).execute();
+        let mut best: Option<(u32, u32)> = None;
+        while let Some(route) = routes.try_next().await.context("listing routes")? {
+            let header = &route.header;
+            if header.destination_prefix_length != 0 || header.table != RouteHeader::RT_TABLE_MAIN {
+                continue;
+            }
+            let attr = |pick: fn(&RouteAttribute) -> Option<u32>| route.attributes.iter().find_map(pick);
+            let Some(oif) = attr(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None }) else { continue };
+            let metric = attr(|a| if let RouteAttribute::Priority(p) = a { Some(*p) } else { None }).unwrap_or(0);
+            if best.is_none_or(|(m, _)| metric < m) {
+                best = Some((metric, oif));
+            }
+        }
+        Ok(best.map(|(_, oif)| oif))
+    }
+
+    /// The first primary (not secondary), global IPv4 address of a link.
+    pub async fn primary_ipv4(&self, index: u32) -> Result<Option<Ipv4Addr>> {
+        let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();
+        while let Some(msg) = addresses.try_next().await.context("listing addresses")? {
+            let h = &msg.header;
+            if h.family != AddressFamily::Inet
+                || h.scope != AddressScope::Universe
+                || h.flags.contains(AddressHeaderFlags::Secondary)
+            {
+                continue;
+            }
+            let local = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(IpAddr::V4(ip)) | AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
+                _ => None,
+            });
+            if local.is_some() {
+                return Ok(local);
+            }
+        }
+        Ok(None)
+    }
+
+    pub async fn link_name(&self, index: u32) -> Result<Option<String>> {
+        let mut links = self.handle.link().get().match_index(index).execute();
+        match links.try_next().await {
+            Ok(Some(msg)) => Ok(msg.attributes.iter().find_map(|a| match a {
+                LinkAttribute::IfName(name) => Some(name.clone()),
+                _ => None,
+            })),
+            Ok(None) => Ok(None),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("looking up link {index}")),
+        }
     }
 }
 

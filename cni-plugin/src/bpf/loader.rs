@@ -1,0 +1,114 @@
+//! First ADD of a network: load the object with the network's settings, pin maps and programs,
+//! and attach the uplink programs when the network masquerades. Later ADDs find the pins and
+//! only check that they were loaded with the same settings.
+use std::{fs, os::unix::fs::DirBuilderExt as _};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, Map, MapData},
+    programs::{LinkOrder, SchedClassifier, TcAttachType, links::FdLink, tc::TcAttachOptions},
+};
+use ebpf_common::{DatapathConfig, names};
+
+use super::{
+    datapath::{Datapath, internal},
+    settings::{Describe, Settings},
+};
+use crate::cni::{CniError, CniResult, Context, ErrorCode};
+
+/// The TC object built from `ebpf/`, with BTF, embedded at build time.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni"));
+
+const MAPS: [&str; 4] = [names::ENDPOINTS, names::METRICS, names::NAT, names::SETTINGS];
+
+impl Datapath {
+    /// Loads and pins the programs and maps unless an earlier ADD already did.
+    pub fn ensure_loaded(&self, settings: &Settings) -> CniResult<()> {
+        if self.is_loaded() {
+            return self.check_settings(&settings.config);
+        }
+        // A load interrupted before the last pin leaves some pins behind: start over.
+        for dir in ["maps", "progs", "uplink"] {
+            let _ = fs::remove_dir_all(self.pins.version_dir().join(dir));
+        }
+        for dir in ["maps", "progs", "links", "uplink"] {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(self.pins.version_dir().join(dir))
+                .cni(ErrorCode::DATAPATH, "cannot create pin directories")?;
+        }
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::CONFIG, &settings.config, true)
+            .load(OBJECT)
+            .cni(ErrorCode::DATAPATH, "kernel refused the eBPF object")?;
+        for name in MAPS {
+            let map = ebpf.map(name).ok_or_else(|| internal(format!("object has no map {name}")))?;
+            map.pin(self.pins.map(name)).cni(ErrorCode::DATAPATH, format!("cannot pin map {name}"))?;
+        }
+        let mut recorded: Array<_, DatapathConfig> = Array::try_from(ebpf.map_mut(names::SETTINGS).expect("pinned"))
+            .cni(ErrorCode::INTERNAL, "SETTINGS has another layout")?;
+        recorded.set(0, settings.config, 0).cni(ErrorCode::DATAPATH, "cannot record the settings")?;
+        for name in [names::TO_UPLINK, names::FROM_UPLINK, names::FROM_POD] {
+            classifier(&mut ebpf, name)?.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}"))?;
+        }
+        if let Some(uplink) = &settings.uplink {
+            self.attach_uplink(&mut ebpf, uplink)?;
+        }
+        // The program that pods attach to is pinned last: its pin means everything is there.
+        for name in [names::TO_UPLINK, names::FROM_UPLINK, names::FROM_POD] {
+            classifier(&mut ebpf, name)?
+                .pin(self.pins.program(name))
+                .cni(ErrorCode::DATAPATH, format!("cannot pin {name}"))?;
+        }
+        Ok(())
+    }
+
+    /// TCX egress (masquerade) and ingress (replies) of the uplink, each link pinned so it
+    /// outlives this process; unpinned with the rest of the network's pins.
+    fn attach_uplink(&self, ebpf: &mut Ebpf, uplink: &str) -> CniResult<()> {
+        for (name, direction) in [(names::TO_UPLINK, TcAttachType::Egress), (names::FROM_UPLINK, TcAttachType::Ingress)]
+        {
+            let program = classifier(ebpf, name)?;
+            let id = program
+                .attach_with_options(uplink, direction, TcAttachOptions::TcxOrder(LinkOrder::default()))
+                .cni(ErrorCode::DATAPATH, format!("cannot attach {name} to uplink {uplink} (TCX)"))?;
+            let link: FdLink = program
+                .take_link(id)
+                .cni(ErrorCode::INTERNAL, "attached link vanished")?
+                .try_into()
+                .cni(ErrorCode::INTERNAL, "TCX link is not an fd link")?;
+            link.pin(self.pins.uplink_link(name)).cni(ErrorCode::DATAPATH, "cannot pin uplink link")?;
+        }
+        Ok(())
+    }
+
+    /// Settings are fixed while the network has pods: a different configuration is refused
+    /// rather than silently ignored.
+    fn check_settings(&self, wanted: &DatapathConfig) -> CniResult<()> {
+        let path = self.pins.map(names::SETTINGS);
+        let data = MapData::from_pin(&path).cni(ErrorCode::DATAPATH, "cannot open pinned SETTINGS")?;
+        let map = Map::from_map_data(data).cni(ErrorCode::DATAPATH, "cannot open pinned SETTINGS")?;
+        let map: Array<_, DatapathConfig> =
+            Array::try_from(map).cni(ErrorCode::DATAPATH, "pinned SETTINGS has another layout")?;
+        let loaded = map.get(&0, 0).cni(ErrorCode::DATAPATH, "cannot read SETTINGS")?;
+        if loaded == *wanted {
+            return Ok(());
+        }
+        Err(CniError::new(
+            ErrorCode::INVALID_CONFIG,
+            format!("this network's datapath runs with other settings: {}", Describe(&loaded)),
+        )
+        .with_details(format!(
+            "the configuration asks for {}; settings change once the network's last pod is deleted",
+            Describe(wanted)
+        )))
+    }
+}
+
+fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> CniResult<&'a mut SchedClassifier> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| internal(format!("object has no program {name}")))?
+        .try_into()
+        .cni(ErrorCode::INTERNAL, format!("{name} is not a classifier"))
+}

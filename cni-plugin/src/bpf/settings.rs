@@ -1,0 +1,103 @@
+//! A network's datapath settings (`DatapathConfig`), resolved from the configuration and, for
+//! what it leaves out, from the node: the uplink is the default route's interface, the node's
+//! address is the uplink's primary IPv4 address, the cluster CIDR is the pod's subnet.
+use std::{fmt, net::Ipv4Addr};
+
+use ebpf_common::DatapathConfig;
+use ipnetwork::Ipv4Network;
+
+use crate::{
+    cni::{CniError, CniResult, Context, ErrorCode, config::NetConf},
+    net::netlink::Netlink,
+};
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub config: DatapathConfig,
+    /// Where `to_uplink`/`from_uplink` are attached; only with masquerade.
+    pub uplink: Option<String>,
+}
+
+impl Settings {
+    pub async fn resolve(conf: &NetConf, pod_subnet: Ipv4Network, node: &Netlink) -> CniResult<Self> {
+        let cluster = conf.cluster_cidr()?.unwrap_or(pod_subnet);
+        let mut config = DatapathConfig {
+            cluster_ipv4: cluster.network().octets(),
+            cluster_prefix: cluster.prefix(),
+            ..DatapathConfig::default()
+        };
+        if !conf.ip_masq {
+            return Ok(Self { config, uplink: None });
+        }
+        let (uplink, index) = uplink(conf, node).await?;
+        let node_ip = match conf.node_ip {
+            Some(ip) => ip,
+            None => {
+                node.primary_ipv4(index).await.cni(ErrorCode::IO, "cannot list the uplink's addresses")?.ok_or_else(
+                    || invalid(format!("ipMasq: uplink {uplink} has no global IPv4 address"), "set nodeIP"),
+                )?
+            }
+        };
+        let ports = conf.masq_ports()?;
+        config.masquerade = 1;
+        config.node_ipv4 = node_ip.octets();
+        config.uplink_ifindex = index;
+        config.port_min = *ports.start();
+        config.port_max = *ports.end();
+        warn_if_not_forwarding();
+        Ok(Self { config, uplink: Some(uplink) })
+    }
+}
+
+async fn uplink(conf: &NetConf, node: &Netlink) -> CniResult<(String, u32)> {
+    let name = match &conf.uplink {
+        Some(name) => name.clone(),
+        None => {
+            let index = node
+                .default_route_ifindex()
+                .await
+                .cni(ErrorCode::IO, "cannot list the node's routes")?
+                .ok_or_else(|| invalid("ipMasq: the node has no IPv4 default route", "set uplink"))?;
+            node.link_name(index)
+                .await
+                .cni(ErrorCode::IO, "cannot look up the default route's interface")?
+                .ok_or_else(|| invalid("ipMasq: the default route's interface vanished", "set uplink"))?
+        }
+    };
+    let link = node.link(&name).await.cni(ErrorCode::IO, "cannot look up the uplink")?;
+    let link = link.ok_or_else(|| invalid(format!("uplink {name} does not exist in the node"), "fix uplink"))?;
+    Ok((name, link.index))
+}
+
+/// Masqueraded and cross-node traffic leaves the pods through the node's forwarding path, as on
+/// any Kubernetes node. The plugin does not change sysctls; it says so when forwarding is off.
+fn warn_if_not_forwarding() {
+    if std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").is_ok_and(|v| v.trim() == "0") {
+        eprintln!("ebpf-cni: warning: net.ipv4.ip_forward is 0 in the node: pods cannot reach the outside");
+    }
+}
+
+fn invalid(msg: impl Into<String>, details: &str) -> CniError {
+    CniError::new(ErrorCode::INVALID_CONFIG, msg).with_details(details)
+}
+
+/// Human form, for the error that reports settings differing from the loaded ones.
+pub struct Describe<'a>(pub &'a DatapathConfig);
+
+impl fmt::Display for Describe<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self.0;
+        write!(f, "clusterCIDR {}/{}", Ipv4Addr::from(c.cluster_ipv4), c.cluster_prefix)?;
+        if c.masquerade == 0 {
+            return write!(f, ", no masquerade");
+        }
+        write!(
+            f,
+            ", masquerade behind {} on ifindex {}, ports {}-{}",
+            Ipv4Addr::from(c.node_ipv4),
+            c.uplink_ifindex,
+            c.port_min,
+            c.port_max
+        )
+    }
+}

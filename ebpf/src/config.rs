@@ -1,0 +1,22 @@
+//! The network's datapath settings, a global the plugin sets when it loads the programs.
+use ebpf_common::DatapathConfig;
+
+/// Set by the loader (`EbpfLoader::set_global`); all zero means "no masquerade, no cluster".
+#[unsafe(no_mangle)]
+static CONFIG: DatapathConfig = DatapathConfig {
+    cluster_ipv4: [0; 4],
+    cluster_prefix: 0,
+    masquerade: 0,
+    pad: [0; 2],
+    node_ipv4: [0; 4],
+    uplink_ifindex: 0,
+    port_min: 0,
+    port_max: 0,
+};
+
+/// The settings. A volatile read, or the compiler would fold the zero initialiser.
+#[inline(always)]
+pub fn get() -> DatapathConfig {
+    // SAFETY: reading a plain global that nothing writes after load.
+    unsafe { core::ptr::read_volatile(&CONFIG) }
+}

@@ -1,0 +1,66 @@
+//! Forwarding to another node's pods: a FIB lookup in the node's routing table (the per-node
+//! routes, host-gw style), then straight out of the chosen interface. Anything the FIB does not
+//! answer with a next hop (local address, no route, forwarding off, MTU) goes to the kernel,
+//! which then does what it always does (deliver, ICMP error, drop).
+use aya_ebpf::{
+    bindings::{
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, bpf_fib_lookup as FibParams, bpf_redir_neigh,
+    },
+    helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    programs::TcContext,
+};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use crate::packet;
+
+const AF_INET: u8 = 2;
+
+pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
+    // SAFETY: both headers were bounds-checked by the caller; nothing has moved the data since.
+    let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
+    // An expiring packet is the kernel's to answer (ICMP time exceeded).
+    if ip.ttl <= 1 {
+        return TC_ACT_OK as i32;
+    }
+    // SAFETY: an all-zero `bpf_fib_lookup` is a valid input.
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    params.family = AF_INET;
+    params.l4_protocol = ip.proto;
+    params.ifindex = packet::ingress_ifindex(ctx);
+    params.__bindgen_anon_1.tot_len = u16::from_be_bytes(ip.tot_len);
+    params.__bindgen_anon_2.tos = ip.tos;
+    params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
+    params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
+    let size = core::mem::size_of::<FibParams>() as i32;
+    // SAFETY: `params` is a valid, writable lookup structure of `size` bytes.
+    let found = unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), &mut params, size, 0) } as u32;
+    if found != BPF_FIB_LKUP_RET_SUCCESS && found != BPF_FIB_LKUP_RET_NO_NEIGH {
+        return TC_ACT_OK as i32;
+    }
+    decrement_ttl(ip);
+    if found == BPF_FIB_LKUP_RET_SUCCESS {
+        eth.dst_addr = params.dmac;
+        eth.src_addr = params.smac;
+        // SAFETY: plain helper call.
+        return unsafe { bpf_redirect(params.ifindex, 0) } as i32;
+    }
+    // No neighbour entry yet: let the kernel resolve the next hop the FIB chose and send.
+    let mut next_hop = bpf_redir_neigh {
+        nh_family: u32::from(AF_INET),
+        // SAFETY: the FIB wrote the next hop's IPv4 address into `ipv4_dst`.
+        __bindgen_anon_1: aya_ebpf::bindings::bpf_redir_neigh__bindgen_ty_1 {
+            ipv4_nh: unsafe { params.__bindgen_anon_4.ipv4_dst },
+        },
+    };
+    let size = core::mem::size_of::<bpf_redir_neigh>() as i32;
+    // SAFETY: `next_hop` is a valid structure of `size` bytes.
+    unsafe { bpf_redirect_neigh(params.ifindex, &mut next_hop, size, 0) as i32 }
+}
+
+/// TTL − 1 with the header checksum fixed incrementally (RFC 1624), as a router does.
+#[inline(always)]
+fn decrement_ttl(ip: &mut Ipv4Hdr) {
+    let check = u32::from(u16::from_be_bytes(ip.check)) + 0x0100;
+    ip.check = ((check + (check >> 16)) as u16).to_be_bytes();
+    ip.ttl -= 1;
+}

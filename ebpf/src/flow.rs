@@ -1,0 +1,96 @@
+//! The addresses and ports of an IPv4 packet, as NAT sees them. Read with `bpf_skb_load_bytes`
+//! (`TcContext::load`), which works whatever part of the packet is in the linear area.
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{DropReason, FAMILY_IPV4, NatKey};
+use network_types::{eth::EthHdr, icmp::Icmpv4Hdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
+
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMP_ECHO_REQUEST: u8 = 8;
+/// More-fragments flag and fragment offset: any of them set means this is a fragment.
+const FRAGMENT_BITS: u16 = 0x3fff;
+
+/// Where things are in an Ethernet + IPv4 frame.
+pub const IP_OFFSET: usize = EthHdr::LEN;
+
+/// One direction of a TCP, UDP or ICMP echo flow. Ports in host byte order.
+#[derive(Clone, Copy)]
+pub struct Flow {
+    pub protocol: u8,
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub src_port: u16,
+    pub dst_port: u16,
+    /// Offset of the L4 header in the frame.
+    pub l4: usize,
+}
+
+impl Flow {
+    /// Reads the flow of an IPv4 packet. Fragments, ICMP other than echo and other protocols
+    /// have no ports to translate: `NatUntranslatable`.
+    #[inline(always)]
+    pub fn parse(ctx: &TcContext) -> Result<Self, DropReason> {
+        let ip: Ipv4Hdr = ctx.load(IP_OFFSET).map_err(|_| DropReason::Malformed)?;
+        let header_len = usize::from(ip.ihl());
+        if header_len < Ipv4Hdr::LEN {
+            return Err(DropReason::Malformed);
+        }
+        if u16::from_be_bytes(ip.frags) & FRAGMENT_BITS != 0 {
+            return Err(DropReason::NatUntranslatable);
+        }
+        let l4 = IP_OFFSET + header_len;
+        let (src_port, dst_port) = match ip.proto {
+            PROTO_TCP => {
+                let tcp: TcpHdr = ctx.load(l4).map_err(|_| DropReason::Malformed)?;
+                (u16::from_be_bytes(tcp.source), u16::from_be_bytes(tcp.dest))
+            }
+            PROTO_UDP => {
+                let udp: UdpHdr = ctx.load(l4).map_err(|_| DropReason::Malformed)?;
+                (u16::from_be_bytes(udp.src), u16::from_be_bytes(udp.dst))
+            }
+            PROTO_ICMP => {
+                let icmp: Icmpv4Hdr = ctx.load(l4).map_err(|_| DropReason::Malformed)?;
+                let id = u16::from_be_bytes([icmp.data[0], icmp.data[1]]);
+                match icmp.type_ {
+                    ICMP_ECHO_REQUEST => (id, 0),
+                    ICMP_ECHO_REPLY => (0, id),
+                    _ => return Err(DropReason::NatUntranslatable),
+                }
+            }
+            _ => return Err(DropReason::NatUntranslatable),
+        };
+        Ok(Self { protocol: ip.proto, src: ip.src_addr, dst: ip.dst_addr, src_port, dst_port, l4 })
+    }
+
+    /// The NAT map key of this packet as it is on the wire.
+    #[inline(always)]
+    pub fn key(&self) -> NatKey {
+        key(self.protocol, self.src, self.src_port, self.dst, self.dst_port)
+    }
+}
+
+#[inline(always)]
+pub fn key(protocol: u8, src: [u8; 4], src_port: u16, dst: [u8; 4], dst_port: u16) -> NatKey {
+    NatKey {
+        family: FAMILY_IPV4,
+        protocol,
+        pad: [0; 2],
+        src_port,
+        dst_port,
+        src_addr: v4_to_16(src),
+        dst_addr: v4_to_16(dst),
+    }
+}
+
+#[inline(always)]
+pub fn v4_to_16(a: [u8; 4]) -> [u8; 16] {
+    [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+}
+
+#[inline(always)]
+pub fn v4_from_16(a: [u8; 16]) -> [u8; 4] {
+    [a[0], a[1], a[2], a[3]]
+}

@@ -1,0 +1,181 @@
+//! Masquerade: pod → outside flows leave with the node's address (`to_uplink`, TC egress of the
+//! uplink) and their replies are translated back and delivered into the pod (`from_uplink`).
+//!
+//! Each flow has two entries in `NAT`: the egress entry, keyed by the pod's packet, says which
+//! node port it got; the reply entry, keyed by the reply as it arrives, says which pod and port
+//! to restore. The reply entry is what reserves the port: inserting it with `BPF_NOEXIST` is
+//! the atomic "is this port free for this destination" test, so two CPUs never hand out the same
+//! port. Both entries carry the owner (for DEL) and the time of the last packet (for reuse).
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST, TC_ACT_OK, TC_ACT_REDIRECT},
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect_peer},
+    programs::TcContext,
+};
+use ebpf_common::{
+    DatapathConfig, DropReason, Endpoint, IpKey, NAT_EGRESS, NAT_PORT_TRIES, NAT_REPLY, NAT_TIMEOUT_ICMP_NS,
+    NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry,
+};
+use network_types::eth::EthHdr;
+
+use crate::{
+    config,
+    flow::{self, Flow, PROTO_ICMP, PROTO_TCP},
+    maps,
+    rewrite::{Side, rewrite},
+};
+
+/// TC egress of the uplink: masquerade packets of this node's pods bound outside the cluster.
+pub fn egress(ctx: &TcContext) -> i32 {
+    let config = config::get();
+    if config.masquerade == 0 || !is_ipv4(ctx) {
+        return TC_ACT_OK as i32;
+    }
+    let Ok(ip) = ctx.load::<[u8; 8]>(flow::IP_OFFSET + 12) else { return TC_ACT_OK as i32 };
+    let (src, dst) = ([ip[0], ip[1], ip[2], ip[3]], [ip[4], ip[5], ip[6], ip[7]]);
+    // Only our pods, only outside the cluster, never multicast or broadcast.
+    if !config.in_cluster(src) || config.in_cluster(dst) || dst[0] >= 224 {
+        return TC_ACT_OK as i32;
+    }
+    let Some(pod) = maps::endpoint(&IpKey::v4(src)) else { return TC_ACT_OK as i32 };
+    match Flow::parse(ctx).and_then(|flow| masquerade(ctx, &config, &flow, &pod)) {
+        Ok(()) => TC_ACT_OK as i32,
+        Err(reason) => maps::drop(ctx, reason),
+    }
+}
+
+fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow, pod: &Endpoint) -> Result<(), DropReason> {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let port = match existing_port(flow, config, now) {
+        Some(port) => port,
+        None => allocate(flow, config, pod.owner, now)?,
+    };
+    rewrite(ctx, flow, Side::Source, config.node_ipv4, port)
+}
+
+/// The port of a live flow, if its reply entry still points back at this pod.
+#[inline(always)]
+fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64) -> Option<u16> {
+    let egress = maps::NAT.get_ptr_mut(flow.key())?;
+    // SAFETY: an LRU value; a concurrent writer can only store another whole, valid entry.
+    let port = unsafe { (*egress).port };
+    let reply = maps::NAT.get_ptr_mut(reply_key(flow, config, port))?;
+    // SAFETY: as above.
+    unsafe {
+        if (*reply).addr != flow::v4_to_16(flow.src) || (*reply).port != flow.src_port {
+            return None; // the port was taken over after the flow idled out
+        }
+        (*egress).last_seen_ns = now;
+        (*reply).last_seen_ns = now;
+    }
+    Some(port)
+}
+
+/// Finds a port for a new flow: the pod's own source port if free for this destination, else
+/// random ones from the configured range. Records both entries.
+#[inline(always)]
+fn allocate(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
+    let reply = NatEntry {
+        addr: flow::v4_to_16(flow.src),
+        port: flow.src_port,
+        direction: NAT_REPLY,
+        pad: [0; 5],
+        owner,
+        last_seen_ns: now,
+    };
+    let span = u32::from(config.port_max.saturating_sub(config.port_min)) + 1;
+    let mut candidate = flow.src_port;
+    for _ in 0..=NAT_PORT_TRIES {
+        if claim(flow, config, candidate, &reply, now) {
+            let egress =
+                NatEntry { addr: flow::v4_to_16(config.node_ipv4), port: candidate, direction: NAT_EGRESS, ..reply };
+            maps::NAT.insert(flow.key(), egress, u64::from(BPF_ANY)).map_err(|_| DropReason::NatPortsExhausted)?;
+            return Ok(candidate);
+        }
+        // SAFETY: plain helper call.
+        let random = unsafe { bpf_get_prandom_u32() };
+        candidate = config.port_min.wrapping_add((random % span) as u16);
+    }
+    Err(DropReason::NatPortsExhausted)
+}
+
+/// Takes `port` for the flow unless a live flow of another pod holds it.
+#[inline(always)]
+fn claim(flow: &Flow, config: &DatapathConfig, port: u16, reply: &NatEntry, now: u64) -> bool {
+    // ICMP identifiers and ports are never 0 on the wire for a real flow.
+    if port == 0 {
+        return false;
+    }
+    let key = reply_key(flow, config, port);
+    if maps::NAT.insert(key, reply, u64::from(BPF_NOEXIST)).is_ok() {
+        return true;
+    }
+    let Some(held) = maps::NAT.get_ptr(key) else { return false };
+    // SAFETY: copied out at once.
+    let held = unsafe { *held };
+    let ours = held.addr == reply.addr && held.port == reply.port;
+    let idle = now.saturating_sub(held.last_seen_ns) > timeout(flow.protocol);
+    (ours || idle) && maps::NAT.insert(key, reply, u64::from(BPF_ANY)).is_ok()
+}
+
+/// The key a reply to the masqueraded flow arrives with: outside → node, ports swapped.
+#[inline(always)]
+fn reply_key(flow: &Flow, config: &DatapathConfig, port: u16) -> ebpf_common::NatKey {
+    flow::key(flow.protocol, flow.dst, flow.dst_port, config.node_ipv4, port)
+}
+
+#[inline(always)]
+fn timeout(protocol: u8) -> u64 {
+    match protocol {
+        PROTO_TCP => NAT_TIMEOUT_TCP_NS,
+        PROTO_ICMP => NAT_TIMEOUT_ICMP_NS,
+        _ => NAT_TIMEOUT_UDP_NS,
+    }
+}
+
+/// TC ingress of the uplink: a reply to a masqueraded flow gets the pod's address and port
+/// back and goes straight into the pod. Everything else continues into the node unchanged.
+pub fn ingress(ctx: &TcContext) -> i32 {
+    let config = config::get();
+    if config.masquerade == 0 || !is_ipv4(ctx) {
+        return TC_ACT_OK as i32;
+    }
+    let Ok(dst) = ctx.load::<[u8; 4]>(flow::IP_OFFSET + 16) else { return TC_ACT_OK as i32 };
+    if dst != config.node_ipv4 {
+        return TC_ACT_OK as i32;
+    }
+    // Not ours to judge: the node's own traffic (fragments, other protocols) goes on as is.
+    let Ok(flow) = Flow::parse(ctx) else { return TC_ACT_OK as i32 };
+    let Some(entry) = maps::NAT.get_ptr_mut(flow.key()) else { return TC_ACT_OK as i32 };
+    // SAFETY: an LRU value, valid while this program runs.
+    let entry = unsafe {
+        (*entry).last_seen_ns = bpf_ktime_get_ns();
+        *entry
+    };
+    let pod_addr = flow::v4_from_16(entry.addr);
+    if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod_addr, entry.port) {
+        return maps::drop(ctx, reason);
+    }
+    deliver(ctx, pod_addr)
+}
+
+/// Into the pod behind `addr` with `bpf_redirect_peer`, or to the node if the pod is gone.
+#[inline(always)]
+fn deliver(ctx: &TcContext, addr: [u8; 4]) -> i32 {
+    let Some(pod) = maps::endpoint(&IpKey::v4(addr)) else { return TC_ACT_OK as i32 };
+    let macs = [pod.pod_mac, pod.host_mac];
+    if ctx.store(0, &macs, 0).is_err() {
+        return maps::drop(ctx, DropReason::Malformed);
+    }
+    // SAFETY: plain helper call.
+    let verdict = unsafe { bpf_redirect_peer(pod.host_ifindex, 0) };
+    if verdict != i64::from(TC_ACT_REDIRECT) {
+        return maps::drop(ctx, DropReason::RedirectFailed);
+    }
+    TC_ACT_REDIRECT as i32
+}
+
+#[inline(always)]
+fn is_ipv4(ctx: &TcContext) -> bool {
+    ctx.load::<[u8; 2]>(core::mem::offset_of!(EthHdr, ether_type)).is_ok_and(|t| t == [0x08, 0x00])
+}
