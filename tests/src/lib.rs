@@ -2,11 +2,14 @@
 //! host ends, pod namespaces, a private bpffs mount and data dir, all named uniquely per run and
 //! removed on drop (pass or fail). The plugin is executed exactly as a runtime does: CNI_*
 //! environment, configuration on stdin, in the node's namespace.
+mod cluster;
 mod guard;
 mod plugin;
 mod privileges;
 mod testbed;
+pub mod traffic;
 
+pub use cluster::{Cluster, EXT_SERVER, EXT_UPLINK_IP, NODE1_UPLINK_IP, UNDERLAY_IPS};
 pub use guard::{Bpffs, NetnsGuard, run, run_in};
 pub use plugin::{CniOutput, Plugin};
 pub use privileges::require_privileges;

@@ -40,6 +40,8 @@ pub struct Testbed {
     pub network: String,
     pub subnet: String,
     pub run_id: String,
+    /// Extra top-level fields of every configuration [`Self::conf`] writes.
+    pub extra: serde_json::Map<String, Value>,
     bpffs: Bpffs,
 }
 
@@ -68,6 +70,7 @@ impl Testbed {
             network: format!("net-{tag}"),
             subnet: subnet.to_string(),
             run_id,
+            extra: serde_json::Map::new(),
             bpffs,
         })
     }
@@ -104,14 +107,18 @@ impl Testbed {
 
     /// The network configuration a runtime would pass, in the given spec version.
     pub fn conf(&self, version: &str) -> Value {
-        json!({
+        let mut conf = json!({
             "cniVersion": version,
             "name": self.network,
             "type": "ebpf-cni",
             "mtu": TEST_MTU,
             "bpffsRoot": self.bpffs_root(),
             "ipam": { "type": "host-local", "subnet": self.subnet, "dataDir": self.data_dir() },
-        })
+        });
+        for (key, value) in &self.extra {
+            conf[key] = value.clone();
+        }
+        conf
     }
 
     /// Runs one verb for `pod` (ifname eth0) with `conf` on stdin, as kubelet does: CNI_NETNS
@@ -169,6 +176,17 @@ impl Testbed {
         run_in(from_netns, "ping", &["-c", "1", "-W", "1", ip]).is_ok()
     }
 
+    /// IPv4 packets the node's kernel has forwarded (`Ip: ForwDatagrams` of /proc/net/snmp).
+    /// Packets the programs redirect themselves do not count.
+    pub fn kernel_forwarded(&self) -> Result<u64> {
+        let out = run_in(&self.node.name, "cat", &["/proc/net/snmp"])?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut ip_lines = text.lines().filter(|l| l.starts_with("Ip:"));
+        let (names, values) = (ip_lines.next().context("no Ip: header")?, ip_lines.next().context("no Ip: values")?);
+        let column = names.split_whitespace().position(|n| n == "ForwDatagrams").context("no ForwDatagrams")?;
+        Ok(values.split_whitespace().nth(column).context("short Ip: line")?.parse()?)
+    }
+
     /// Interfaces the plugin made in the node (host ends are named `ecni…`).
     pub fn host_veths(&self) -> Result<Vec<String>> {
         let out = run_in(&self.node.name, "ip", &["-o", "link", "show"])?;
@@ -207,6 +225,14 @@ impl Testbed {
         let pin = self.map_pin(map);
         let out = run("bpftool", &["-j", "map", "dump", "pinned", pin.to_str().context("path")?])?;
         Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// Like [`Self::map_dump`], but an empty list once the network's pins are gone.
+    pub fn map_dump_if_pinned(&self, map: &str) -> Result<Value> {
+        if !self.map_pin(map).exists() {
+            return Ok(Value::Array(Vec::new()));
+        }
+        self.map_dump(map)
     }
 
     /// The id of the pinned `from_pod` program (the same id means it was not loaded again).

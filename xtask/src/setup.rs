@@ -9,10 +9,20 @@ use crate::cmd::{command, output, status};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-/// Tools the tests, the demo and the benchmarks call: ip, ping, nsenter/mount, bpftool, iperf3,
-/// and the reference plugins (`bridge` to compare with, `static` as a delegated IPAM plugin).
-const PACKAGES: [&str; 6] =
-    ["iproute2", "iputils-ping", "util-linux", "bpftool", "iperf3", "containernetworking-plugins"];
+/// Tools the tests, the demo and the benchmarks call: ip, ping, nsenter/mount, sysctl, bpftool,
+/// iperf3, the reference plugins (`bridge` to compare with, `static` as a delegated IPAM
+/// plugin), and iptables/nft (bridge's ipMasq needs iptables; tests show our node has no rules).
+const PACKAGES: [&str; 9] = [
+    "iproute2",
+    "iputils-ping",
+    "util-linux",
+    "procps",
+    "bpftool",
+    "iperf3",
+    "containernetworking-plugins",
+    "iptables",
+    "nftables",
+];
 
 pub fn run() -> Result<()> {
     let llvm = nightly_llvm_major()?;

@@ -1,0 +1,70 @@
+//! Two nodes and the outside, as design.md draws them: `<run>-node` holds the pods' host ends,
+//! an uplink veth to `<run>-ext` (a server on an address that exists only there, and no route
+//! back to any pod, so an unmasqueraded packet cannot be answered) and an underlay veth to the
+//! second node. Each node has its pod subnet inside one cluster CIDR, and a route to the other
+//! node's subnet via the underlay (host-gw, no overlay). Everything goes with the testbeds.
+use anyhow::Result;
+use serde_json::json;
+
+use crate::{NetnsGuard, Testbed, run_in};
+
+/// The external server's address: only on `ext`'s loopback.
+pub const EXT_SERVER: &str = "198.51.100.10";
+/// Node 1's uplink address: what masqueraded flows come from.
+pub const NODE1_UPLINK_IP: &str = "192.0.2.1";
+pub const EXT_UPLINK_IP: &str = "192.0.2.2";
+/// Underlay addresses of node 1 and node 2.
+pub const UNDERLAY_IPS: [&str; 2] = ["10.254.0.1", "10.254.0.2"];
+
+pub struct Cluster {
+    /// Node 1 masquerades (`ipMasq`, uplink and node address left to their defaults); node 2
+    /// does not (it has no uplink).
+    pub nodes: [Testbed; 2],
+    pub ext: NetnsGuard,
+}
+
+impl Cluster {
+    /// The cluster for test `name`, or `None` when it must be skipped (see [`Testbed::for_test`]).
+    pub fn for_test(name: &str, tag: &str, cluster_cidr: &str, subnets: [&str; 2]) -> Option<Self> {
+        crate::require_privileges(name)
+            .then(|| Self::new(tag, cluster_cidr, subnets).expect("building the test cluster"))
+    }
+
+    pub fn new(tag: &str, cluster_cidr: &str, subnets: [&str; 2]) -> Result<Self> {
+        let mut node1 = Testbed::new(&format!("{tag}1"), subnets[0])?;
+        let mut node2 = Testbed::new(&format!("{tag}2"), subnets[1])?;
+        let ext = NetnsGuard::create(&format!("{}-ext", node1.run_id))?;
+        let (n1, n2) = (node1.node.name.clone(), node2.node.name.clone());
+        veth(&n1, "uplink0", &ext.name, "eth0")?;
+        address(&n1, "uplink0", &format!("{NODE1_UPLINK_IP}/24"))?;
+        address(&ext.name, "eth0", &format!("{EXT_UPLINK_IP}/24"))?;
+        address(&ext.name, "lo", &format!("{EXT_SERVER}/32"))?;
+        run_in(&n1, "ip", &["route", "add", "default", "via", EXT_UPLINK_IP])?;
+        veth(&n1, "underlay0", &n2, "underlay0")?;
+        address(&n1, "underlay0", &format!("{}/24", UNDERLAY_IPS[0]))?;
+        address(&n2, "underlay0", &format!("{}/24", UNDERLAY_IPS[1]))?;
+        run_in(&n1, "ip", &["route", "add", subnets[1], "via", UNDERLAY_IPS[1]])?;
+        run_in(&n2, "ip", &["route", "add", subnets[0], "via", UNDERLAY_IPS[0]])?;
+        for node in [&n1, &n2] {
+            // What every Kubernetes node has; the plugin itself never changes sysctls.
+            run_in(node, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        }
+        node1.extra.insert("clusterCIDR".into(), json!(cluster_cidr));
+        node1.extra.insert("ipMasq".into(), json!(true));
+        node2.extra.insert("clusterCIDR".into(), json!(cluster_cidr));
+        Ok(Self { nodes: [node1, node2], ext })
+    }
+}
+
+/// A veth pair between two namespaces, both ends up.
+fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
+    let b = format!("/run/netns/{ns_b}");
+    run_in(ns_a, "ip", &["link", "add", name_a, "type", "veth", "peer", "name", name_b, "netns", &b])?;
+    run_in(ns_a, "ip", &["link", "set", name_a, "up"])?;
+    run_in(ns_b, "ip", &["link", "set", name_b, "up"])?;
+    Ok(())
+}
+
+fn address(ns: &str, dev: &str, cidr: &str) -> Result<()> {
+    run_in(ns, "ip", &["addr", "add", cidr, "dev", dev]).map(drop)
+}

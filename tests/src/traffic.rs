@@ -1,0 +1,109 @@
+//! Sockets in a namespace. A socket belongs to the network namespace it was created in, whatever
+//! thread uses it later; so a short-lived thread enters the namespace (setns), creates the
+//! socket and hands it back, and the test then drives it like any other socket.
+use std::{
+    fs::File,
+    io::{Read, Write},
+    net::{SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, anyhow};
+use nix::sched::{CloneFlags, setns};
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// How long a test socket waits for anything.
+pub const SOCKET_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs `f` on a thread inside the named network namespace and returns its result.
+pub fn in_netns<T: Send + 'static>(netns: &str, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    let path = format!("/run/netns/{netns}");
+    std::thread::spawn(move || {
+        let ns = File::open(&path).with_context(|| format!("opening {path}"))?;
+        setns(ns, CloneFlags::CLONE_NEWNET).with_context(|| format!("entering {path}"))?;
+        f()
+    })
+    .join()
+    .map_err(|_| anyhow!("thread in {netns} panicked"))?
+}
+
+pub fn tcp_listener(netns: &str, addr: SocketAddrV4) -> Result<TcpListener> {
+    in_netns(netns, move || Ok(TcpListener::bind(addr)?))
+}
+
+pub fn udp_socket(netns: &str, addr: SocketAddrV4) -> Result<UdpSocket> {
+    in_netns(netns, move || {
+        let socket = UdpSocket::bind(addr)?;
+        socket.set_read_timeout(Some(SOCKET_TIMEOUT))?;
+        Ok(socket)
+    })
+}
+
+/// A TCP connection from `netns` to `to`, from source port `from_port` (0: any), with
+/// SO_REUSEADDR so several pods' tests can pick the same port.
+pub fn tcp_connect(netns: &str, from_port: u16, to: SocketAddrV4) -> Result<TcpStream> {
+    in_netns(netns, move || {
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&SocketAddr::from(([0, 0, 0, 0], from_port)).into())?;
+        socket.connect_timeout(&SocketAddr::V4(to).into(), SOCKET_TIMEOUT)?;
+        let stream: TcpStream = socket.into();
+        stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
+        Ok(stream)
+    })
+}
+
+/// A raw ICMP socket: sees every ICMP packet arriving in the namespace, with its source.
+pub fn icmp_listener(netns: &str) -> Result<Socket> {
+    in_netns(netns, || {
+        let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?;
+        socket.set_read_timeout(Some(SOCKET_TIMEOUT))?;
+        Ok(socket)
+    })
+}
+
+/// Serves `connections` TCP connections on `listener`: reads a line, answers with the address
+/// the client appeared to come from. Returns those addresses in accept order.
+pub fn serve_tcp(listener: TcpListener, connections: usize) -> std::thread::JoinHandle<Result<Vec<SocketAddr>>> {
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for _ in 0..connections {
+            let (mut stream, peer) = listener.accept()?;
+            stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
+            let mut buf = [0u8; 64];
+            let _ = stream.read(&mut buf)?;
+            stream.write_all(format!("{peer}\n").as_bytes())?;
+            seen.push(peer);
+        }
+        Ok(seen)
+    })
+}
+
+/// Sends `hello` and reads the server's answer: the address the server saw.
+pub fn ask_tcp(stream: &mut TcpStream) -> Result<String> {
+    stream.write_all(b"hello\n")?;
+    let mut buf = [0u8; 64];
+    let n = stream.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+}
+
+/// Receives one datagram (or times out); returns its source and contents.
+pub fn recv_udp(socket: &UdpSocket) -> Result<(SocketAddr, Vec<u8>)> {
+    let mut buf = [0u8; 1500];
+    let (n, from) = socket.recv_from(&mut buf)?;
+    Ok((from, buf[..n].to_vec()))
+}
+
+/// The source address of the next ICMP echo request the raw socket sees.
+pub fn next_echo_request_source(socket: &Socket) -> Result<std::net::Ipv4Addr> {
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1500];
+    loop {
+        let n = socket.recv(&mut buf)?;
+        // SAFETY: `recv` initialised the first `n` bytes.
+        let packet: Vec<u8> = buf[..n].iter().map(|b| unsafe { b.assume_init() }).collect();
+        let header_len = usize::from(packet.first().context("empty packet")? & 0x0f) * 4;
+        if packet.get(header_len) == Some(&8) {
+            return Ok(std::net::Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]));
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! `ipMasq`: pods reach a server outside the cluster behind the node's address, with every
+//! translation in BPF (no bridge, no iptables or nft rule), and a pod's flows end with it.
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use ebpf_cni_tests::{
+    Cluster, EXT_SERVER, NODE1_UPLINK_IP, run_in,
+    traffic::{self, ask_tcp, next_echo_request_source, recv_udp, serve_tcp},
+};
+use ebpf_common::DropReason;
+use serde_json::{Value, json};
+
+const CLUSTER: &str = "10.248.0.0/16";
+
+fn server(port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(EXT_SERVER.parse().unwrap(), port)
+}
+
+fn node_ip() -> Ipv4Addr {
+    NODE1_UPLINK_IP.parse().unwrap()
+}
+
+/// `formatted` entries of a BTF-typed map dump.
+fn entries(dump: &Value) -> Vec<Value> {
+    dump.as_array().unwrap().iter().map(|e| e["formatted"].clone()).collect()
+}
+
+#[test]
+fn tcp_udp_and_ping_leave_with_the_node_address() {
+    let Some(mut c) = Cluster::for_test(
+        "tcp_udp_and_ping_leave_with_the_node_address",
+        "mq",
+        CLUSTER,
+        ["10.248.1.0/24", "10.248.2.0/24"],
+    ) else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    let pod = node.new_pod().unwrap();
+    node.add(pod).unwrap();
+    let pod_ns = node.pods[pod].netns.name.clone();
+
+    let listener = traffic::tcp_listener(&c.ext.name, server(8080)).unwrap();
+    let served = serve_tcp(listener, 1);
+    let mut stream = traffic::tcp_connect(&pod_ns, 0, server(8080)).unwrap();
+    let seen = ask_tcp(&mut stream).unwrap();
+    assert!(seen.starts_with(&format!("{NODE1_UPLINK_IP}:")), "TCP: the server saw {seen}");
+    assert_eq!(served.join().unwrap().unwrap().len(), 1);
+
+    let udp_server = traffic::udp_socket(&c.ext.name, server(5353)).unwrap();
+    let client = traffic::udp_socket(&pod_ns, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    client.send_to(b"ping", server(5353)).unwrap();
+    let (from, _) = recv_udp(&udp_server).unwrap();
+    assert_eq!(from.ip(), node_ip(), "UDP: the server saw {from}");
+    udp_server.send_to(b"pong", from).unwrap();
+    let (reply_from, body) = recv_udp(&client).unwrap();
+    assert_eq!((reply_from, body.as_slice()), (server(5353).into(), b"pong".as_slice()), "UDP reply");
+
+    let icmp = traffic::icmp_listener(&c.ext.name).unwrap();
+    assert!(node.ping(&pod_ns, EXT_SERVER), "ping through masquerade");
+    assert_eq!(next_echo_request_source(&icmp).unwrap(), node_ip(), "ICMP: the server saw another source");
+
+    // The flows, both directions each, with field names.
+    let nat = entries(&node.map_dump("NAT").unwrap());
+    for protocol in [6, 17, 1] {
+        let flows: Vec<&Value> = nat.iter().filter(|e| e["key"]["protocol"] == protocol).collect();
+        assert_eq!(flows.len(), 2, "protocol {protocol}: {nat:?}");
+        assert!(flows.iter().any(|e| e["value"]["direction"] == 1 && e["value"]["port"].as_u64().is_some()));
+    }
+
+    // No rule, no bridge: the node's netfilter tables are empty.
+    let iptables = run_in(&node.node.name, "iptables-save", &[]).unwrap();
+    let rules: Vec<String> = String::from_utf8_lossy(&iptables.stdout)
+        .lines()
+        .filter(|l| l.starts_with("-A") || l.starts_with("-N"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(rules, Vec::<String>::new(), "iptables rules in the node");
+    let nft = run_in(&node.node.name, "nft", &["list", "ruleset"]).unwrap();
+    assert_eq!(String::from_utf8_lossy(&nft.stdout).trim(), "", "nft ruleset in the node");
+    let bridges = run_in(&node.node.name, "ip", &["-o", "link", "show", "type", "bridge"]).unwrap();
+    assert!(bridges.stdout.is_empty(), "a bridge exists in the node");
+
+    node.del(pod).unwrap();
+    assert_eq!(entries(&node.map_dump_if_pinned("NAT").unwrap()), Vec::<Value>::new(), "NAT entries after DEL");
+    assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn two_pods_share_a_source_port_to_the_same_server() {
+    let Some(mut c) = Cluster::for_test(
+        "two_pods_share_a_source_port_to_the_same_server",
+        "mqp",
+        CLUSTER,
+        ["10.248.1.0/24", "10.248.2.0/24"],
+    ) else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    let pods: Vec<usize> = (0..2).map(|_| node.new_pod().unwrap()).collect();
+    for &pod in &pods {
+        node.add(pod).unwrap();
+    }
+    let listener = traffic::tcp_listener(&c.ext.name, server(8080)).unwrap();
+    let served = serve_tcp(listener, 2);
+    // Both connections open at once, from the same source port, to the same server port.
+    let mut streams: Vec<_> = pods
+        .iter()
+        .map(|&pod| traffic::tcp_connect(&node.pods[pod].netns.name, 40_000, server(8080)).unwrap())
+        .collect();
+    let seen: Vec<String> = streams.iter_mut().map(|s| ask_tcp(s).unwrap()).collect();
+    let peers = served.join().unwrap().unwrap();
+    assert!(peers.iter().all(|p| p.ip() == node_ip()), "{peers:?}");
+    assert_ne!(peers[0].port(), peers[1].port(), "two flows got one port: {peers:?}");
+    assert!(peers.iter().any(|p| p.port() == 40_000), "a free source port is kept: {peers:?}");
+    assert_eq!(seen.len(), 2);
+}
+
+#[test]
+fn no_free_port_drops_and_counts() {
+    let Some(mut c) =
+        Cluster::for_test("no_free_port_drops_and_counts", "mqx", CLUSTER, ["10.248.1.0/24", "10.248.2.0/24"])
+    else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    node.extra.insert("masqPortRange".into(), json!("40000-40001"));
+    let pods: Vec<usize> = (0..3).map(|_| node.new_pod().unwrap()).collect();
+    for &pod in &pods {
+        node.add(pod).unwrap();
+    }
+    let udp_server = traffic::udp_socket(&c.ext.name, server(5353)).unwrap();
+    let mut sources = Vec::new();
+    for &pod in &pods[..2] {
+        let client =
+            traffic::udp_socket(&node.pods[pod].netns.name, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 40_000)).unwrap();
+        client.send_to(b"x", server(5353)).unwrap();
+        sources.push(recv_udp(&udp_server).unwrap().0.port());
+    }
+    sources.sort();
+    assert_eq!(sources, [40_000, 40_001]);
+    let before = node.drops(DropReason::NatPortsExhausted).unwrap();
+    let third =
+        traffic::udp_socket(&node.pods[pods[2]].netns.name, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 40_000)).unwrap();
+    third.send_to(b"x", server(5353)).unwrap();
+    assert!(recv_udp(&udp_server).is_err(), "a third flow got through with no port left");
+    assert_eq!(node.drops(DropReason::NatPortsExhausted).unwrap(), before + 1);
+}
+
+#[test]
+fn replies_after_delete_reach_no_pod() {
+    // A /30 has one pod address, so the next pod gets the deleted pod's address.
+    let Some(mut c) =
+        Cluster::for_test("replies_after_delete_reach_no_pod", "mqd", CLUSTER, ["10.248.1.0/30", "10.248.2.0/24"])
+    else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    let (first, second) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let address = node.add(first).unwrap();
+    let udp_server = traffic::udp_socket(&c.ext.name, server(5353)).unwrap();
+    let port = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 41_000);
+    let client = traffic::udp_socket(&node.pods[first].netns.name, port).unwrap();
+    client.send_to(b"x", server(5353)).unwrap();
+    let (masqueraded, _) = recv_udp(&udp_server).unwrap();
+    assert!(!entries(&node.map_dump("NAT").unwrap()).is_empty());
+
+    node.del(first).unwrap();
+    assert_eq!(node.add(second).unwrap(), address, "the address was not reused");
+    let nat = entries(&node.map_dump("NAT").unwrap());
+    assert_eq!(nat, Vec::<Value>::new(), "the deleted pod's flows are still translated");
+    // Same address, same port, listening: a late reply to the old flow must not arrive here.
+    let successor = traffic::udp_socket(&node.pods[second].netns.name, port).unwrap();
+    udp_server.send_to(b"late", masqueraded).unwrap();
+    assert!(recv_udp(&successor).is_err(), "a reply to a deleted pod's flow reached the next pod");
+}
