@@ -1,12 +1,17 @@
-//! Order statistics over wall-time samples.
+//! Order statistics over samples (wall times in ms, throughputs, counts).
 use std::time::Duration;
 
 #[derive(Default)]
 pub struct Samples(Vec<f64>);
 
 impl Samples {
+    /// A duration, in milliseconds.
     pub fn push(&mut self, d: Duration) {
         self.0.push(d.as_secs_f64() * 1e3);
+    }
+
+    pub fn push_value(&mut self, v: f64) {
+        self.0.push(v);
     }
 
     /// The value below which `q` of the samples fall (nearest rank).

@@ -1,5 +1,7 @@
-//! The demo: a throwaway node with three pods, driven exactly as a runtime drives the plugin.
+//! The demo: a throwaway two-node cluster with an external server, pods added exactly as a
+//! runtime adds them (CNI_* environment, configuration on stdin, in the node's namespace).
 use std::{
+    net::SocketAddrV4,
     path::PathBuf,
     process::{Command, Stdio},
     thread::sleep,
@@ -7,69 +9,96 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
-use ebpf_cni_tests::{NODE_IP, Plugin, Testbed, require_privileges, run_in};
+use ebpf_cni_tests::{
+    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, Testbed, require_privileges, run_in,
+    traffic::{self, ask_tcp, serve_tcp},
+};
 
-const PODS: usize = 3;
+/// Pods per node: two on node 1 (same-node path), one on node 2 (cross-node path).
+const PODS: [usize; 2] = [2, 1];
 
 pub fn run(binary: PathBuf) -> Result<()> {
     if !require_privileges("demo") {
         bail!("the demo creates network namespaces and loads eBPF: run it as root");
     }
-    let mut tb = Testbed::with_plugin("demo", "10.244.0.0/24", Plugin { binary })?;
-    println!("== node namespace {} (node address {NODE_IP}), bpffs {}", tb.node.name, tb.bpffs_root().display());
-    println!("== network configuration (stdin of every call)\n{}", serde_json::to_string_pretty(&tb.conf("1.0.0"))?);
+    let mut c = Cluster::new("demo", "10.244.0.0/16", ["10.244.1.0/24", "10.244.2.0/24"])?;
+    for node in &mut c.nodes {
+        node.plugin = Plugin { binary: binary.clone() };
+    }
+    println!("== node 1 {} (uplink {NODE1_UPLINK_IP} to {}, server {EXT_SERVER})", c.nodes[0].node.name, c.ext.name);
+    println!("== node 2 {} (underlay to node 1, route to each other's pod subnet)", c.nodes[1].node.name);
+    println!(
+        "== node 1's configuration (stdin of every call)\n{}",
+        serde_json::to_string_pretty(&c.nodes[0].conf("1.0.0"))?
+    );
 
-    let mut ips = Vec::new();
+    let mut ips: Vec<(usize, String, String)> = Vec::new(); // (node, pod netns, address)
     let mut add_ms = Vec::new();
-    for _ in 0..PODS {
-        let pod = tb.new_pod()?;
-        let out = tb.cni("ADD", pod, &tb.conf("1.0.0"))?;
-        ensure!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
-        add_ms.push(out.elapsed.as_secs_f64() * 1e3);
-        println!("\n== ADD {} (netns {}) in {:.1} ms", tb.pods[pod].container_id, tb.pods[pod].netns.name, add_ms[pod]);
-        println!("{}", serde_json::to_string_pretty(&out.json())?);
-        let address = out.json()["ips"][0]["address"].as_str().context("no address")?.to_string();
-        ips.push(address.split('/').next().unwrap_or_default().to_string());
-    }
-
-    println!("\n== ping (pod -> pod, pod -> node, node -> pod)");
-    for (from, pod) in tb.pods.iter().enumerate() {
-        let mut targets: Vec<(String, &str)> = ips
-            .iter()
-            .enumerate()
-            .filter(|(to, _)| *to != from)
-            .map(|(to, ip)| (format!("pod{to}"), ip.as_str()))
-            .collect();
-        targets.push(("node".into(), NODE_IP));
-        for (name, ip) in targets {
-            let ok = tb.ping(&pod.netns.name, ip);
-            println!("pod{from} -> {name:5} {ip:15} {}", if ok { "ok" } else { "FAILED" });
-            ensure!(ok, "pod{from} cannot reach {name}");
+    for (n, node) in c.nodes.iter_mut().enumerate() {
+        for _ in 0..PODS[n] {
+            let pod = node.new_pod()?;
+            let out = node.cni("ADD", pod, &node.conf("1.0.0"))?;
+            ensure!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
+            add_ms.push(out.elapsed.as_secs_f64() * 1e3);
+            let address = out.json()["ips"][0]["address"].as_str().context("no address")?.to_string();
+            println!("\n== ADD on node {} in {:.1} ms: {address}", n + 1, add_ms[add_ms.len() - 1]);
+            if ips.is_empty() {
+                println!("{}", serde_json::to_string_pretty(&out.json())?);
+            }
+            ips.push((n, node.pods[pod].netns.name.clone(), address.split('/').next().unwrap_or_default().into()));
         }
-        ensure!(tb.ping(&tb.node.name, &ips[from]), "node cannot reach pod{from}");
-        println!("node -> pod{from}  {:15} ok", ips[from]);
     }
 
-    println!("\n== iperf3 pod0 -> pod1, 3 s, TCP (same-node path: from_pod + bpf_redirect_peer)");
-    iperf3(&tb.pods[1].netns.name, &tb.pods[0].netns.name, &ips[1])?;
+    println!("\n== ping between every pair of pods, and from each node to every pod");
+    for (from_node, from_ns, from_ip) in &ips {
+        for (to_node, _, to_ip) in ips.iter().filter(|(_, _, ip)| ip != from_ip) {
+            let ok = c.nodes[0].ping(from_ns, to_ip);
+            println!(
+                "pod {from_ip:12} (node {}) -> pod {to_ip:12} (node {}) {}",
+                from_node + 1,
+                to_node + 1,
+                verdict(ok)
+            );
+            ensure!(ok, "{from_ip} cannot reach {to_ip}");
+        }
+    }
+    for (n, node) in c.nodes.iter().enumerate() {
+        for (_, _, ip) in &ips {
+            ensure!(node.ping(&node.node.name, ip), "node {} cannot reach {ip}", n + 1);
+        }
+        println!("node {} -> every pod ok", n + 1);
+    }
 
-    for map in ["ENDPOINTS", "METRICS"] {
-        let pin = tb.map_pin(map);
+    println!("\n== masquerade: pod {} -> {EXT_SERVER} (ext has no route to any pod)", ips[0].2);
+    let at = SocketAddrV4::new(EXT_SERVER.parse()?, 8080);
+    let served = serve_tcp(traffic::tcp_listener(&c.ext.name, at)?, 1);
+    let seen = ask_tcp(&mut traffic::tcp_connect(&ips[0].1, 0, at)?)?;
+    served.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    println!("TCP: the server saw the pod as {seen}");
+    ensure!(c.nodes[0].ping(&ips[0].1, EXT_SERVER), "ping through masquerade failed");
+    println!("ping: ok");
+    iperf3(&c.ext.name, &ips[0].1, EXT_SERVER)?;
+
+    let node1 = &c.nodes[0];
+    for map in ["SETTINGS", "NAT", "ENDPOINTS", "METRICS"] {
+        let pin = node1.map_pin(map);
         println!("\n== bpftool map dump pinned {}", pin.display());
         let out = ebpf_cni_tests::run("bpftool", &["map", "dump", "pinned", pin.to_str().context("path")?])?;
         print!("{}", String::from_utf8_lossy(&out.stdout));
     }
+    let rules = run_in(&node1.node.name, "iptables-save", &[])?;
+    let rules = String::from_utf8_lossy(&rules.stdout).lines().filter(|l| l.starts_with("-A")).count();
+    println!("\n== iptables rules in node 1: {rules}; bridges: none (ip link show type bridge is empty)");
 
     let mut del_ms = Vec::new();
-    println!();
-    for pod in 0..PODS {
-        let out = tb.cni("DEL", pod, &tb.conf("1.0.0"))?;
-        ensure!(out.success, "DEL failed: {}", out.stdout);
-        del_ms.push(out.elapsed.as_secs_f64() * 1e3);
-        println!("== DEL {} in {:.1} ms", tb.pods[pod].container_id, del_ms[pod]);
+    for node in &c.nodes {
+        for pod in 0..node.pods.len() {
+            let out = node.cni("DEL", pod, &node.conf("1.0.0"))?;
+            ensure!(out.success, "DEL failed: {}", out.stdout);
+            del_ms.push(out.elapsed.as_secs_f64() * 1e3);
+        }
     }
-
-    let left = tb.leftovers()?;
+    let left: Vec<String> = c.nodes.iter().map(Testbed::leftovers).collect::<Result<Vec<_>>>()?.concat();
     println!("\n== after DEL: host veths, IP files, pins left: {left:?}");
     ensure!(left.is_empty(), "DEL left something behind");
     println!("nothing left");
@@ -78,18 +107,22 @@ pub fn run(binary: PathBuf) -> Result<()> {
         list(&add_ms),
         list(&del_ms)
     );
-    println!("(the first ADD loads and pins the programs; later ADDs reuse them)");
+    println!("(the first ADD on each node loads and pins the programs; later ADDs reuse them)");
     Ok(())
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "ok" } else { "FAILED" }
 }
 
 fn list(ms: &[f64]) -> String {
     ms.iter().map(|m| format!("{m:.1}")).collect::<Vec<_>>().join(" / ")
 }
 
-/// Runs an iperf3 server in `server_ns` (killed by its PID afterwards) and a client in `client_ns`.
+/// A 3 s iperf3 run from the pod to the external server (killed by its PID afterwards).
 fn iperf3(server_ns: &str, client_ns: &str, server_ip: &str) -> Result<()> {
     let mut server = Command::new("nsenter")
-        .args([&format!("--net=/run/netns/{server_ns}"), "iperf3", "-s", "-1"])
+        .args([&format!("--net=/run/netns/{server_ns}"), "iperf3", "-s", "-1", "-B", server_ip])
         .stdout(Stdio::null())
         .spawn()
         .context("starting iperf3 server")?;
@@ -98,8 +131,10 @@ fn iperf3(server_ns: &str, client_ns: &str, server_ip: &str) -> Result<()> {
     let _ = server.kill();
     let _ = server.wait();
     let client = client?;
-    let text = String::from_utf8_lossy(&client.stdout);
-    for line in text.lines().filter(|l| l.contains("sender") || l.contains("receiver")) {
+    println!("iperf3 pod -> external, 3 s (an illustration; `cargo xtask bench` compares with bridge):");
+    for line in
+        String::from_utf8_lossy(&client.stdout).lines().filter(|l| l.contains("sender") || l.contains("receiver"))
+    {
         println!("{line}");
     }
     Ok(())
