@@ -173,3 +173,34 @@ fn replies_after_delete_reach_no_pod() {
     udp_server.send_to(b"late", masqueraded).unwrap();
     assert!(recv_udp(&successor).is_err(), "a reply to a deleted pod's flow reached the next pod");
 }
+
+#[test]
+fn other_settings_are_refused_while_the_network_has_pods() {
+    let Some(mut c) = Cluster::for_test(
+        "other_settings_are_refused_while_the_network_has_pods",
+        "mqs",
+        CLUSTER,
+        ["10.248.1.0/24", "10.248.2.0/24"],
+    ) else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    let (first, second) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let first_ip = node.add(first).unwrap();
+    let mut changed = node.conf("1.1.0");
+    changed["masqPortRange"] = json!("50000-50100");
+    let out = node.cni("ADD", second, &changed).unwrap();
+    assert_eq!(out.code(), Some(7), "{}", out.stdout);
+    let msg = out.json()["msg"].as_str().unwrap_or_default().to_string();
+    assert!(msg.contains("32768-65535"), "the error should say what is loaded: {msg}");
+    assert!(node.ping(&node.pods[first].netns.name, EXT_SERVER), "the first pod lost the outside");
+    assert!(node.ping(&node.node.name, &first_ip));
+    assert_eq!(node.ip_files().len(), 1, "the refused ADD kept its address");
+
+    // Once the network is empty, the next ADD loads the new settings.
+    node.del(first).unwrap();
+    let out = node.cni("ADD", second, &changed).unwrap();
+    assert!(out.success, "{}", out.stdout);
+    let settings = entries(&node.map_dump("SETTINGS").unwrap());
+    assert_eq!(settings[0]["value"]["port_min"], 50_000, "{settings:?}");
+}

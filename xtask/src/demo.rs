@@ -88,7 +88,10 @@ pub fn run(binary: PathBuf) -> Result<()> {
     }
     let rules = run_in(&node1.node.name, "iptables-save", &[])?;
     let rules = String::from_utf8_lossy(&rules.stdout).lines().filter(|l| l.starts_with("-A")).count();
-    println!("\n== iptables rules in node 1: {rules}; bridges: none (ip link show type bridge is empty)");
+    let bridges = run_in(&node1.node.name, "ip", &["-o", "link", "show", "type", "bridge"])?;
+    let bridges = String::from_utf8_lossy(&bridges.stdout).lines().count();
+    println!("\n== in node 1: {rules} iptables rules, {bridges} bridges");
+    ensure!(rules == 0 && bridges == 0, "the node has rules or bridges");
 
     let mut del_ms = Vec::new();
     for node in &c.nodes {
