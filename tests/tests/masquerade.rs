@@ -19,6 +19,11 @@ fn node_ip() -> Ipv4Addr {
     NODE1_UPLINK_IP.parse().unwrap()
 }
 
+/// Node 1 (masquerading, pods in `node1_subnet`), node 2 and the external server.
+fn cluster(test: &str, tag: &str, node1_subnet: &str) -> Option<Cluster> {
+    Cluster::for_test(test, tag, CLUSTER, [node1_subnet, "10.248.2.0/24"])
+}
+
 /// `formatted` entries of a BTF-typed map dump.
 fn entries(dump: &Value) -> Vec<Value> {
     dump.as_array().unwrap().iter().map(|e| e["formatted"].clone()).collect()
@@ -26,12 +31,7 @@ fn entries(dump: &Value) -> Vec<Value> {
 
 #[test]
 fn tcp_udp_and_ping_leave_with_the_node_address() {
-    let Some(mut c) = Cluster::for_test(
-        "tcp_udp_and_ping_leave_with_the_node_address",
-        "mq",
-        CLUSTER,
-        ["10.248.1.0/24", "10.248.2.0/24"],
-    ) else {
+    let Some(mut c) = cluster("tcp_udp_and_ping_leave_with_the_node_address", "mq", "10.248.1.0/24") else {
         return;
     };
     let node = &mut c.nodes[0];
@@ -87,12 +87,7 @@ fn tcp_udp_and_ping_leave_with_the_node_address() {
 
 #[test]
 fn two_pods_share_a_source_port_to_the_same_server() {
-    let Some(mut c) = Cluster::for_test(
-        "two_pods_share_a_source_port_to_the_same_server",
-        "mqp",
-        CLUSTER,
-        ["10.248.1.0/24", "10.248.2.0/24"],
-    ) else {
+    let Some(mut c) = cluster("two_pods_share_a_source_port_to_the_same_server", "mqp", "10.248.1.0/24") else {
         return;
     };
     let node = &mut c.nodes[0];
@@ -117,9 +112,7 @@ fn two_pods_share_a_source_port_to_the_same_server() {
 
 #[test]
 fn no_free_port_drops_and_counts() {
-    let Some(mut c) =
-        Cluster::for_test("no_free_port_drops_and_counts", "mqx", CLUSTER, ["10.248.1.0/24", "10.248.2.0/24"])
-    else {
+    let Some(mut c) = cluster("no_free_port_drops_and_counts", "mqx", "10.248.1.0/24") else {
         return;
     };
     let node = &mut c.nodes[0];
@@ -149,9 +142,7 @@ fn no_free_port_drops_and_counts() {
 #[test]
 fn replies_after_delete_reach_no_pod() {
     // A /30 has one pod address, so the next pod gets the deleted pod's address.
-    let Some(mut c) =
-        Cluster::for_test("replies_after_delete_reach_no_pod", "mqd", CLUSTER, ["10.248.1.0/30", "10.248.2.0/24"])
-    else {
+    let Some(mut c) = cluster("replies_after_delete_reach_no_pod", "mqd", "10.248.1.0/30") else {
         return;
     };
     let node = &mut c.nodes[0];
@@ -176,12 +167,7 @@ fn replies_after_delete_reach_no_pod() {
 
 #[test]
 fn other_settings_are_refused_while_the_network_has_pods() {
-    let Some(mut c) = Cluster::for_test(
-        "other_settings_are_refused_while_the_network_has_pods",
-        "mqs",
-        CLUSTER,
-        ["10.248.1.0/24", "10.248.2.0/24"],
-    ) else {
+    let Some(mut c) = cluster("other_settings_are_refused_while_the_network_has_pods", "mqs", "10.248.1.0/24") else {
         return;
     };
     let node = &mut c.nodes[0];

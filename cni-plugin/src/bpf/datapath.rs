@@ -89,16 +89,7 @@ impl Datapath {
         remove_pin(&link_pin)?;
         let mut program = SchedClassifier::from_pin(self.pins.program(names::FROM_POD))
             .cni(ErrorCode::DATAPATH, "cannot open pinned from_pod")?;
-        let id = program
-            .attach_with_options(host_ifname, TcAttachType::Ingress, TcAttachOptions::TcxOrder(LinkOrder::default()))
-            .cni(ErrorCode::DATAPATH, format!("cannot attach from_pod to {host_ifname} (TCX)"))?;
-        let link: FdLink = program
-            .take_link(id)
-            .cni(ErrorCode::INTERNAL, "attached link vanished")?
-            .try_into()
-            .cni(ErrorCode::INTERNAL, "TCX link is not an fd link")?;
-        link.pin(&link_pin).cni(ErrorCode::DATAPATH, "cannot pin TCX link")?;
-        Ok(())
+        attach_pinned(&mut program, host_ifname, TcAttachType::Ingress, &link_pin)
     }
 
     /// Unpins the attachment's link, which detaches it; a missing pin is fine.
@@ -121,6 +112,26 @@ impl Datapath {
             _ => Ok(true),
         }
     }
+}
+
+/// Attaches a loaded program at the end of the interface's TCX chain and pins the link, so it
+/// outlives this process; removing the pin detaches it.
+pub(super) fn attach_pinned(
+    program: &mut SchedClassifier,
+    ifname: &str,
+    direction: TcAttachType,
+    pin: &Path,
+) -> CniResult<()> {
+    let id = program
+        .attach_with_options(ifname, direction, TcAttachOptions::TcxOrder(LinkOrder::default()))
+        .cni(ErrorCode::DATAPATH, format!("cannot attach a TCX program to {ifname} ({direction:?})"))?;
+    let link: FdLink = program
+        .take_link(id)
+        .cni(ErrorCode::INTERNAL, "attached link vanished")?
+        .try_into()
+        .cni(ErrorCode::INTERNAL, "TCX link is not an fd link")?;
+    link.pin(pin).cni(ErrorCode::DATAPATH, format!("cannot pin TCX link {}", pin.display()))?;
+    Ok(())
 }
 
 fn on_bpffs(path: &Path) -> bool {

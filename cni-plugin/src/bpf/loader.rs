@@ -6,12 +6,12 @@ use std::{fs, os::unix::fs::DirBuilderExt as _};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, Map, MapData},
-    programs::{LinkOrder, SchedClassifier, TcAttachType, links::FdLink, tc::TcAttachOptions},
+    programs::{SchedClassifier, TcAttachType},
 };
 use ebpf_common::{DatapathConfig, names};
 
 use super::{
-    datapath::{Datapath, internal},
+    datapath::{Datapath, attach_pinned, internal},
     settings::{Describe, Settings},
 };
 use crate::cni::{CniError, CniResult, Context, ErrorCode};
@@ -64,21 +64,12 @@ impl Datapath {
         Ok(())
     }
 
-    /// TCX egress (masquerade) and ingress (replies) of the uplink, each link pinned so it
-    /// outlives this process; unpinned with the rest of the network's pins.
+    /// TCX egress (masquerade) and ingress (replies) of the uplink, each link pinned; they go
+    /// with the rest of the network's pins.
     fn attach_uplink(&self, ebpf: &mut Ebpf, uplink: &str) -> CniResult<()> {
         for (name, direction) in [(names::TO_UPLINK, TcAttachType::Egress), (names::FROM_UPLINK, TcAttachType::Ingress)]
         {
-            let program = classifier(ebpf, name)?;
-            let id = program
-                .attach_with_options(uplink, direction, TcAttachOptions::TcxOrder(LinkOrder::default()))
-                .cni(ErrorCode::DATAPATH, format!("cannot attach {name} to uplink {uplink} (TCX)"))?;
-            let link: FdLink = program
-                .take_link(id)
-                .cni(ErrorCode::INTERNAL, "attached link vanished")?
-                .try_into()
-                .cni(ErrorCode::INTERNAL, "TCX link is not an fd link")?;
-            link.pin(self.pins.uplink_link(name)).cni(ErrorCode::DATAPATH, "cannot pin uplink link")?;
+            attach_pinned(classifier(ebpf, name)?, uplink, direction, &self.pins.uplink_link(name))?;
         }
         Ok(())
     }
