@@ -2,7 +2,13 @@
 //! (`TcContext::load`), which works whatever part of the packet is in the linear area.
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, FAMILY_IPV4, NatKey};
-use network_types::{eth::EthHdr, icmp::Icmpv4Hdr, ip::Ipv4Hdr, tcp::TcpHdr, udp::UdpHdr};
+use network_types::{
+    eth::{EthHdr, EtherType},
+    icmp::Icmpv4Hdr,
+    ip::Ipv4Hdr,
+    tcp::TcpHdr,
+    udp::UdpHdr,
+};
 
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
@@ -93,4 +99,18 @@ pub fn v4_to_16(a: [u8; 4]) -> [u8; 16] {
 #[inline(always)]
 pub fn v4_from_16(a: [u8; 16]) -> [u8; 4] {
     [a[0], a[1], a[2], a[3]]
+}
+
+#[inline(always)]
+pub fn is_ipv4(ctx: &TcContext) -> bool {
+    let at = core::mem::offset_of!(EthHdr, ether_type);
+    ctx.load::<u16>(at).is_ok_and(|t| t == EtherType::Ipv4 as u16)
+}
+
+/// Source and destination address of an IPv4 packet.
+#[inline(always)]
+pub fn addresses(ctx: &TcContext) -> Result<([u8; 4], [u8; 4]), DropReason> {
+    let at = IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, src_addr);
+    let both: [u8; 8] = ctx.load(at).map_err(|_| DropReason::Malformed)?;
+    Ok(([both[0], both[1], both[2], both[3]], [both[4], both[5], both[6], both[7]]))
 }

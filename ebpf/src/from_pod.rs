@@ -7,19 +7,15 @@
 //! 4. IPv4 to a pod on another node (cluster CIDR) is forwarded through the FIB (`fib.rs`).
 //! 5. Anything else IPv4 goes to the node's stack (`TC_ACT_OK`): the node's own addresses,
 //!    service addresses that kube-proxy translates, and the outside, which is masqueraded on
-//!    the way out of the uplink (`nat.rs`), after the node's own NAT rules had their say.
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_REDIRECT},
-    helpers::bpf_redirect_peer,
-    programs::TcContext,
-};
+//!    the way out of the uplink (`snat.rs`), after the node's own NAT rules had their say.
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use ebpf_common::{DropReason, IpKey};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
 };
 
-use crate::{arp, config, fib, maps, packet};
+use crate::{arp, config, deliver, fib, maps, packet};
 
 pub fn handle(ctx: &TcContext) -> i32 {
     let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {
@@ -47,21 +43,11 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
         Some(own) if own.host_ifindex == packet::ingress_ifindex(ctx) => {}
         _ => return maps::drop(ctx, DropReason::SpoofedSource),
     }
-    let Some(peer) = maps::endpoint(&IpKey::v4(dst)) else {
-        if config::get().in_cluster(dst) {
-            return fib::forward(ctx, eth, ip);
-        }
-        return TC_ACT_OK as i32;
-    };
-    // SAFETY: bounds checked by `header_mut`.
-    unsafe {
-        (*eth).dst_addr = peer.pod_mac;
-        (*eth).src_addr = peer.host_mac;
+    if let Some(peer) = maps::endpoint(&IpKey::v4(dst)) {
+        return deliver::into_pod(ctx, &peer);
     }
-    // SAFETY: plain helper call.
-    let verdict = unsafe { bpf_redirect_peer(peer.host_ifindex, 0) };
-    if verdict != i64::from(TC_ACT_REDIRECT) {
-        return maps::drop(ctx, DropReason::RedirectFailed);
+    if config::get().in_cluster(dst) {
+        return fib::forward(ctx, eth, ip);
     }
-    TC_ACT_REDIRECT as i32
+    TC_ACT_OK as i32
 }

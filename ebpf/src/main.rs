@@ -1,5 +1,5 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
-//! one concern (`from_pod.rs`, `nat.rs`, `fib.rs`, `arp.rs`).
+//! one concern (`from_pod.rs`, `arp.rs`, `deliver.rs`, `fib.rs`, `snat.rs`, `rev_snat.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -7,6 +7,8 @@
 mod arp;
 #[cfg(target_arch = "bpf")]
 mod config;
+#[cfg(target_arch = "bpf")]
+mod deliver;
 #[cfg(target_arch = "bpf")]
 mod fib;
 #[cfg(target_arch = "bpf")]
@@ -16,11 +18,13 @@ mod from_pod;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
-mod nat;
-#[cfg(target_arch = "bpf")]
 mod packet;
 #[cfg(target_arch = "bpf")]
+mod rev_snat;
+#[cfg(target_arch = "bpf")]
 mod rewrite;
+#[cfg(target_arch = "bpf")]
+mod snat;
 
 #[cfg(target_arch = "bpf")]
 mod programs {
@@ -35,13 +39,13 @@ mod programs {
     /// TC egress of the uplink: masquerade pod → outside.
     #[classifier]
     pub fn to_uplink(ctx: TcContext) -> i32 {
-        crate::nat::egress(&ctx)
+        crate::snat::egress(&ctx)
     }
 
     /// TC ingress of the uplink: replies to masqueraded flows, straight into their pod.
     #[classifier]
     pub fn from_uplink(ctx: TcContext) -> i32 {
-        crate::nat::ingress(&ctx)
+        crate::rev_snat::ingress(&ctx)
     }
 
     #[panic_handler]

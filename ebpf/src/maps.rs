@@ -13,7 +13,7 @@ use ebpf_common::{
 #[btf_map]
 pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize }> = HashMap::new();
 
-/// Masqueraded flows, both directions (see `nat.rs`). LRU: a full map forgets the oldest flow.
+/// Masqueraded flows, both directions (see `snat.rs`, `rev_snat.rs`). LRU: a full map forgets the oldest flow.
 #[btf_map]
 pub static NAT: LruHashMap<NatKey, NatEntry, { NAT_MAX_ENTRIES as usize }> = LruHashMap::new();
 

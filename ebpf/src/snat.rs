@@ -1,5 +1,5 @@
-//! Masquerade: pod → outside flows leave with the node's address (`to_uplink`, TC egress of the
-//! uplink) and their replies are translated back and delivered into the pod (`from_uplink`).
+//! Masquerade, the way out (`to_uplink`, TC egress of the uplink): pod → outside flows leave
+//! with the node's address. The way back is `rev_snat.rs`.
 //!
 //! Each flow has two entries in `NAT`: the egress entry, keyed by the pod's packet, says which
 //! node port it got; the reply entry, keyed by the reply as it arrives, says which pod and port
@@ -7,15 +7,14 @@
 //! the atomic "is this port free for this destination" test, so two CPUs never hand out the same
 //! port. Both entries carry the owner (for DEL) and the time of the last packet (for reuse).
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST, TC_ACT_OK, TC_ACT_REDIRECT},
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect_peer},
+    bindings::{BPF_ANY, BPF_NOEXIST, TC_ACT_OK},
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     programs::TcContext,
 };
 use ebpf_common::{
     DatapathConfig, DropReason, Endpoint, IpKey, NAT_EGRESS, NAT_PORT_TRIES, NAT_REPLY, NAT_TIMEOUT_ICMP_NS,
     NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry,
 };
-use network_types::eth::EthHdr;
 
 use crate::{
     config,
@@ -27,11 +26,10 @@ use crate::{
 /// TC egress of the uplink: masquerade packets of this node's pods bound outside the cluster.
 pub fn egress(ctx: &TcContext) -> i32 {
     let config = config::get();
-    if config.masquerade == 0 || !is_ipv4(ctx) {
+    if config.masquerade == 0 || !flow::is_ipv4(ctx) {
         return TC_ACT_OK as i32;
     }
-    let Ok(ip) = ctx.load::<[u8; 8]>(flow::IP_OFFSET + 12) else { return TC_ACT_OK as i32 };
-    let (src, dst) = ([ip[0], ip[1], ip[2], ip[3]], [ip[4], ip[5], ip[6], ip[7]]);
+    let Ok((src, dst)) = flow::addresses(ctx) else { return TC_ACT_OK as i32 };
     // Only our pods, only outside the cluster, never multicast or broadcast.
     if !config.in_cluster(src) || config.in_cluster(dst) || dst[0] >= 224 {
         return TC_ACT_OK as i32;
@@ -131,51 +129,4 @@ fn timeout(protocol: u8) -> u64 {
         PROTO_ICMP => NAT_TIMEOUT_ICMP_NS,
         _ => NAT_TIMEOUT_UDP_NS,
     }
-}
-
-/// TC ingress of the uplink: a reply to a masqueraded flow gets the pod's address and port
-/// back and goes straight into the pod. Everything else continues into the node unchanged.
-pub fn ingress(ctx: &TcContext) -> i32 {
-    let config = config::get();
-    if config.masquerade == 0 || !is_ipv4(ctx) {
-        return TC_ACT_OK as i32;
-    }
-    let Ok(dst) = ctx.load::<[u8; 4]>(flow::IP_OFFSET + 16) else { return TC_ACT_OK as i32 };
-    if dst != config.node_ipv4 {
-        return TC_ACT_OK as i32;
-    }
-    // Not ours to judge: the node's own traffic (fragments, other protocols) goes on as is.
-    let Ok(flow) = Flow::parse(ctx) else { return TC_ACT_OK as i32 };
-    let Some(entry) = maps::NAT.get_ptr_mut(flow.key()) else { return TC_ACT_OK as i32 };
-    // SAFETY: an LRU value, valid while this program runs.
-    let entry = unsafe {
-        (*entry).last_seen_ns = bpf_ktime_get_ns();
-        *entry
-    };
-    let pod_addr = flow::v4_from_16(entry.addr);
-    if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod_addr, entry.port) {
-        return maps::drop(ctx, reason);
-    }
-    deliver(ctx, pod_addr)
-}
-
-/// Into the pod behind `addr` with `bpf_redirect_peer`, or to the node if the pod is gone.
-#[inline(always)]
-fn deliver(ctx: &TcContext, addr: [u8; 4]) -> i32 {
-    let Some(pod) = maps::endpoint(&IpKey::v4(addr)) else { return TC_ACT_OK as i32 };
-    let macs = [pod.pod_mac, pod.host_mac];
-    if ctx.store(0, &macs, 0).is_err() {
-        return maps::drop(ctx, DropReason::Malformed);
-    }
-    // SAFETY: plain helper call.
-    let verdict = unsafe { bpf_redirect_peer(pod.host_ifindex, 0) };
-    if verdict != i64::from(TC_ACT_REDIRECT) {
-        return maps::drop(ctx, DropReason::RedirectFailed);
-    }
-    TC_ACT_REDIRECT as i32
-}
-
-#[inline(always)]
-fn is_ipv4(ctx: &TcContext) -> bool {
-    ctx.load::<[u8; 2]>(core::mem::offset_of!(EthHdr, ether_type)).is_ok_and(|t| t == [0x08, 0x00])
 }
