@@ -14,13 +14,13 @@ pub struct IpKey {
 
 impl IpKey {
     pub const fn v4(octets: [u8; 4]) -> Self {
-        let mut addr = [0u8; 16];
-        addr[0] = octets[0];
-        addr[1] = octets[1];
-        addr[2] = octets[2];
-        addr[3] = octets[3];
-        Self { family: FAMILY_IPV4, pad: [0; 3], addr }
+        Self { family: FAMILY_IPV4, pad: [0; 3], addr: ipv4_in_16(octets) }
     }
+}
+
+/// An IPv4 address in a 16-byte address field: the four octets first, the rest zero.
+pub const fn ipv4_in_16(a: [u8; 4]) -> [u8; 16] {
+    [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
 }
 
 /// A pod interface on this node: value of `ENDPOINTS`, keyed by the pod's address.

@@ -12,7 +12,7 @@ mod nat;
 
 pub use config::DatapathConfig;
 pub use drop_reason::DropReason;
-pub use endpoint::{Counter, Endpoint, FAMILY_IPV4, FAMILY_IPV6, IpKey};
+pub use endpoint::{Counter, Endpoint, FAMILY_IPV4, FAMILY_IPV6, IpKey, ipv4_in_16};
 pub use nat::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).

@@ -1,7 +1,7 @@
 //! The addresses and ports of an IPv4 packet, as NAT sees them. Read with `bpf_skb_load_bytes`
 //! (`TcContext::load`), which works whatever part of the packet is in the linear area.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, FAMILY_IPV4, NatKey};
+use ebpf_common::{DropReason, FAMILY_IPV4, NatKey, ipv4_in_16};
 use network_types::{
     eth::{EthHdr, EtherType},
     icmp::Icmpv4Hdr,
@@ -86,14 +86,9 @@ pub fn key(protocol: u8, src: [u8; 4], src_port: u16, dst: [u8; 4], dst_port: u1
         pad: [0; 2],
         src_port,
         dst_port,
-        src_addr: v4_to_16(src),
-        dst_addr: v4_to_16(dst),
+        src_addr: ipv4_in_16(src),
+        dst_addr: ipv4_in_16(dst),
     }
-}
-
-#[inline(always)]
-pub fn v4_to_16(a: [u8; 4]) -> [u8; 16] {
-    [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
 }
 
 #[inline(always)]

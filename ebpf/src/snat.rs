@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use ebpf_common::{
     DatapathConfig, DropReason, Endpoint, IpKey, NAT_EGRESS, NAT_PORT_TRIES, NAT_REPLY, NAT_TIMEOUT_ICMP_NS,
-    NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry,
+    NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, ipv4_in_16,
 };
 
 use crate::{
@@ -60,7 +60,7 @@ fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64) -> Option<u16> 
     let reply = maps::NAT.get_ptr_mut(reply_key(flow, config, port))?;
     // SAFETY: as above.
     unsafe {
-        if (*reply).addr != flow::v4_to_16(flow.src) || (*reply).port != flow.src_port {
+        if (*reply).addr != ipv4_in_16(flow.src) || (*reply).port != flow.src_port {
             return None; // the port was taken over after the flow idled out
         }
         (*egress).last_seen_ns = now;
@@ -74,7 +74,7 @@ fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64) -> Option<u16> 
 #[inline(always)]
 fn allocate(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
     let reply = NatEntry {
-        addr: flow::v4_to_16(flow.src),
+        addr: ipv4_in_16(flow.src),
         port: flow.src_port,
         direction: NAT_REPLY,
         pad: [0; 5],
@@ -86,7 +86,7 @@ fn allocate(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Resul
     for _ in 0..=NAT_PORT_TRIES {
         if claim(flow, config, candidate, &reply, now) {
             let egress =
-                NatEntry { addr: flow::v4_to_16(config.node_ipv4), port: candidate, direction: NAT_EGRESS, ..reply };
+                NatEntry { addr: ipv4_in_16(config.node_ipv4), port: candidate, direction: NAT_EGRESS, ..reply };
             maps::NAT.insert(flow.key(), egress, u64::from(BPF_ANY)).map_err(|_| DropReason::NatPortsExhausted)?;
             return Ok(candidate);
         }
