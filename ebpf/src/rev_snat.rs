@@ -9,6 +9,7 @@ use crate::{
     flow::{self, Flow},
     maps,
     rewrite::{Side, rewrite},
+    snat,
 };
 
 /// TC ingress of the uplink.
@@ -26,7 +27,7 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     let Some(entry) = maps::NAT.get_ptr_mut(flow.key()) else { return TC_ACT_OK as i32 };
     // SAFETY: an LRU value, valid while this program runs.
     let entry = unsafe {
-        (*entry).last_seen_ns = bpf_ktime_get_ns();
+        snat::touch(entry, bpf_ktime_get_ns());
         *entry
     };
     let pod_addr = flow::v4_from_16(entry.addr);

@@ -63,10 +63,28 @@ fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64) -> Option<u16> 
         if (*reply).addr != ipv4_in_16(flow.src) || (*reply).port != flow.src_port {
             return None; // the port was taken over after the flow idled out
         }
-        (*egress).last_seen_ns = now;
-        (*reply).last_seen_ns = now;
+        touch(egress, now);
+        touch(reply, now);
     }
     Some(port)
+}
+
+/// Resolution of `last_seen_ns`: timeouts are tens of seconds and more, so an entry is written
+/// at most once a second rather than on every packet (a write moves its cache line to this CPU).
+const TOUCH_EVERY_NS: u64 = 1_000_000_000;
+
+/// Records that the flow is alive, unless that was recorded less than a second ago.
+///
+/// # Safety
+/// `entry` must point at a `NAT` value obtained in this program run.
+#[inline(always)]
+pub unsafe fn touch(entry: *mut NatEntry, now: u64) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        if now.saturating_sub((*entry).last_seen_ns) >= TOUCH_EVERY_NS {
+            (*entry).last_seen_ns = now;
+        }
+    }
 }
 
 /// Finds a port for a new flow: the pod's own source port if free for this destination, else
