@@ -5,6 +5,27 @@ use sha2::{Digest, Sha256};
 /// Host-side veth names start with this, so an operator can tell ours apart (`ip link`).
 const HOST_PREFIX: &str = "ecni";
 
+/// Host-side veths carry the alias `ebpf-cni/<network>/<containerID>/<ifname>`: GC finds a
+/// network's veths by it, and `ip link` tells an operator whose veth it is.
+pub const ALIAS_PREFIX: &str = "ebpf-cni/";
+
+/// The kernel keeps at most this many bytes of an alias.
+const ALIAS_MAX: usize = 255;
+
+/// The host veth's alias; `ebpf-cni/<network>` alone when the whole would not fit.
+pub fn alias(network: &str, container_id: &str, ifname: &str) -> String {
+    let full = format!("{ALIAS_PREFIX}{network}/{container_id}/{ifname}");
+    if full.len() <= ALIAS_MAX { full } else { format!("{ALIAS_PREFIX}{network}") }
+}
+
+/// The network and, when recorded, the (container ID, ifname) an alias names.
+pub fn parse_alias(alias: &str) -> Option<(&str, Option<(&str, &str)>)> {
+    let mut parts = alias.strip_prefix(ALIAS_PREFIX)?.splitn(3, '/');
+    let network = parts.next()?;
+    let pair = parts.next().zip(parts.next());
+    Some((network, pair))
+}
+
 pub struct Attachment {
     digest: [u8; 32],
 }
@@ -38,5 +59,13 @@ mod tests {
         assert_eq!(a.host_ifname(), Attachment::new("abc", "eth0").host_ifname());
         assert_ne!(a.host_ifname(), Attachment::new("abc", "eth1").host_ifname());
         assert_ne!(a.cookie(), Attachment::new("abd", "eth0").cookie());
+    }
+
+    #[test]
+    fn aliases_round_trip() {
+        assert_eq!(parse_alias(&alias("net", "abc", "eth0")), Some(("net", Some(("abc", "eth0")))));
+        let long = "c".repeat(300);
+        assert_eq!(parse_alias(&alias("net", &long, "eth0")), Some(("net", None)));
+        assert_eq!(parse_alias("something else"), None);
     }
 }

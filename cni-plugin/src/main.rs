@@ -5,6 +5,7 @@ mod bpf;
 mod cli;
 mod cmd;
 mod cni;
+mod fault;
 mod ipam;
 mod net;
 

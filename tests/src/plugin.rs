@@ -1,10 +1,12 @@
 //! Executes `ebpf-cni` the way a container runtime does.
 use std::{
     io::Write,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
+
+use std::os::unix::process::ExitStatusExt as _;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -13,6 +15,8 @@ use serde_json::Value;
 #[derive(Debug)]
 pub struct CniOutput {
     pub success: bool,
+    /// The signal that ended the process, if one did (SIGKILL in crash tests).
+    pub killed_by: Option<i32>,
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
@@ -46,25 +50,36 @@ impl Plugin {
 
     /// Runs the plugin in `node_netns` with exactly the given CNI_* variables and stdin.
     pub fn exec(&self, node_netns: &str, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
-        let started = Instant::now();
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{node_netns}"))
-            .arg(&self.binary)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("spawning ebpf-cni")?;
-        child.stdin.take().context("stdin")?.write_all(stdin.as_bytes())?;
-        let out = child.wait_with_output()?;
-        Ok(CniOutput {
-            success: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            elapsed: started.elapsed(),
-        })
+        exec_binary(&self.binary, node_netns, env, stdin)
     }
+
+    /// The directory holding the binary: the first entry of CNI_PATH when chaining.
+    pub fn dir(&self) -> PathBuf {
+        self.binary.parent().map(PathBuf::from).unwrap_or_default()
+    }
+}
+
+/// Runs any CNI plugin binary in `node_netns` with exactly the given variables and stdin.
+pub fn exec_binary(binary: &Path, node_netns: &str, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
+    let started = Instant::now();
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{node_netns}"))
+        .arg(binary)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawning {}", binary.display()))?;
+    child.stdin.take().context("stdin")?.write_all(stdin.as_bytes())?;
+    let out = child.wait_with_output()?;
+    Ok(CniOutput {
+        success: out.status.success(),
+        killed_by: out.status.signal(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: started.elapsed(),
+    })
 }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::{
     guard::{Bpffs, NetnsGuard, run, run_in},
     plugin::{CniOutput, Plugin},
+    runtime::Sandbox,
 };
 
 /// MTU the test configuration asks for (not the kernel's default, so a test can see it applied).
@@ -119,6 +120,40 @@ impl Testbed {
             conf[key] = value.clone();
         }
         conf
+    }
+
+    /// The same configuration as a one-plugin conflist, with `chained` plugins after ours.
+    pub fn conflist(&self, version: &str, chained: Vec<Value>) -> Value {
+        let mut ours = self.conf(version);
+        let object = ours.as_object_mut().expect("conf is an object");
+        object.remove("name");
+        object.remove("cniVersion");
+        let mut plugins = vec![ours];
+        plugins.extend(chained);
+        json!({ "cniVersion": version, "name": self.network, "plugins": plugins })
+    }
+
+    /// The runtime's view of `pod`'s attachment (ifname eth0, its netns if it exists).
+    pub fn sandbox(&self, pod: usize) -> Sandbox {
+        let netns = self.pods[pod].netns_path();
+        Sandbox {
+            container_id: self.pods[pod].container_id.clone(),
+            ifname: "eth0".into(),
+            netns: if std::path::Path::new(&netns).exists() { netns } else { String::new() },
+            ..Sandbox::default()
+        }
+    }
+
+    /// Names of the pinned TCX links of pods.
+    pub fn link_pins(&self) -> Vec<String> {
+        std::fs::read_dir(self.version_dir().join("links"))
+            .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Entries of a pinned map (0 once the network's pins are gone).
+    pub fn map_len(&self, map: &str) -> Result<usize> {
+        Ok(self.map_dump_if_pinned(map)?.as_array().map_or(0, Vec::len))
     }
 
     /// Runs one verb for `pod` (ifname eth0) with `conf` on stdin, as kubelet does: CNI_NETNS

@@ -29,8 +29,8 @@ impl Datapath {
     /// Locks the bpffs root (creating it, mode 0700) for the lifetime of the value. The root
     /// or its parent must already be on bpffs: nothing is created on any other filesystem.
     pub fn lock(root: &Path, network: &str) -> CniResult<Self> {
-        let probe = if root.exists() { root } else { root.parent().unwrap_or(root) };
-        if !on_bpffs(probe) {
+        if !on_bpffs_or_below(root) {
+            let probe = if root.exists() { root } else { root.parent().unwrap_or(root) };
             return Err(CniError::new(ErrorCode::DATAPATH, format!("{} is not on a bpffs mount", probe.display()))
                 .with_details("mount it with `mount -t bpf bpf /sys/fs/bpf` or set bpffsRoot"));
         }
@@ -51,7 +51,7 @@ impl Datapath {
         self.pins.program(names::FROM_POD).exists()
     }
 
-    fn endpoints(&self) -> CniResult<Option<HashMap<MapData, IpKey, Endpoint>>> {
+    pub(super) fn endpoints(&self) -> CniResult<Option<HashMap<MapData, IpKey, Endpoint>>> {
         let path = self.pins.map(names::ENDPOINTS);
         if !path.exists() {
             return Ok(None);
@@ -73,9 +73,14 @@ impl Datapath {
 
     /// Removes every endpoint the attachment owns; returns how many.
     pub fn remove_endpoints(&self, owner: u64) -> CniResult<usize> {
+        self.remove_endpoints_where(|o| o == owner)
+    }
+
+    /// Removes every endpoint whose owner `stale` picks; returns how many.
+    pub fn remove_endpoints_where(&self, stale: impl Fn(u64) -> bool) -> CniResult<usize> {
         let Some(mut map) = self.endpoints()? else { return Ok(0) };
         let keys: Vec<IpKey> =
-            map.iter().filter_map(Result::ok).filter(|(_, ep)| ep.owner == owner).map(|(key, _)| key).collect();
+            map.iter().filter_map(Result::ok).filter(|(_, ep)| stale(ep.owner)).map(|(key, _)| key).collect();
         for key in &keys {
             map.remove(key).cni(ErrorCode::DATAPATH, "cannot remove endpoint")?;
         }
@@ -132,6 +137,12 @@ pub(super) fn attach_pinned(
         .cni(ErrorCode::INTERNAL, "TCX link is not an fd link")?;
     link.pin(pin).cni(ErrorCode::DATAPATH, format!("cannot pin TCX link {}", pin.display()))?;
     Ok(())
+}
+
+/// The root is on bpffs, or will be once created (its parent is).
+pub fn on_bpffs_or_below(root: &Path) -> bool {
+    let probe = if root.exists() { root } else { root.parent().unwrap_or(root) };
+    on_bpffs(probe)
 }
 
 fn on_bpffs(path: &Path) -> bool {

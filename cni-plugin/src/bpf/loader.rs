@@ -46,6 +46,7 @@ impl Datapath {
             let map = ebpf.map(name).ok_or_else(|| internal(format!("object has no map {name}")))?;
             map.pin(self.pins.map(name)).cni(ErrorCode::DATAPATH, format!("cannot pin map {name}"))?;
         }
+        crate::fault::point("add:mid-load");
         let mut recorded: Array<_, DatapathConfig> = Array::try_from(ebpf.map_mut(names::SETTINGS).expect("pinned"))
             .cni(ErrorCode::INTERNAL, "SETTINGS has another layout")?;
         recorded.set(0, settings.config, 0).cni(ErrorCode::DATAPATH, "cannot record the settings")?;

@@ -9,6 +9,11 @@ impl Datapath {
     /// Removes both entries of every flow `owner`'s pod had, so that a late reply finds no
     /// translation (and never reaches the next pod given the same address). Returns how many.
     pub fn remove_nat(&self, owner: u64) -> CniResult<usize> {
+        self.remove_nat_where(|o| o == owner)
+    }
+
+    /// Removes both entries of every flow whose owner `stale` picks; returns how many.
+    pub fn remove_nat_where(&self, stale: impl Fn(u64) -> bool) -> CniResult<usize> {
         let path = self.pins.map(names::NAT);
         if !path.exists() {
             return Ok(0);
@@ -18,7 +23,7 @@ impl Datapath {
         let mut map: HashMap<_, NatKey, NatEntry> =
             HashMap::try_from(map).cni(ErrorCode::DATAPATH, "pinned NAT has another layout")?;
         let keys: Vec<NatKey> =
-            map.iter().filter_map(Result::ok).filter(|(_, entry)| entry.owner == owner).map(|(k, _)| k).collect();
+            map.iter().filter_map(Result::ok).filter(|(_, entry)| stale(entry.owner)).map(|(k, _)| k).collect();
         // An entry the LRU evicted meanwhile is already gone: not an error.
         let removed = keys.iter().filter(|key| map.remove(key).is_ok()).count();
         Ok(removed)

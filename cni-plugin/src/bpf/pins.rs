@@ -39,7 +39,7 @@ impl Pins {
 
     /// One TCX link per attachment; its name is unique because container ID + ifname are.
     pub fn link(&self, container_id: &str, ifname: &str) -> PathBuf {
-        self.links_dir().join(format!("{container_id}-{ifname}"))
+        self.links_dir().join(link_name(container_id, ifname))
     }
 }
 
@@ -48,4 +48,9 @@ impl Pins {
     pub fn uplink_link(&self, program: &str) -> PathBuf {
         self.version_dir.join("uplink").join(program)
     }
+}
+
+/// The file name of an attachment's link pin.
+pub fn link_name(container_id: &str, ifname: &str) -> String {
+    format!("{container_id}-{ifname}")
 }

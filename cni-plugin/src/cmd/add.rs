@@ -8,14 +8,16 @@ use ipnetwork::{IpNetwork, Ipv4Network};
 
 use super::del::teardown;
 use crate::{
-    attachment::Attachment,
+    attachment::{self, Attachment},
     bpf::{Datapath, Settings},
     cni::{
         CniError, CniResult, Context, ErrorCode,
         config::NetConf,
         env::CniEnv,
+        request::Request,
         result::{AddResult, Interface, IpConfig, Route},
     },
+    fault,
     ipam::{Allocation, Ipam},
     net::{
         netlink::{Netlink, format_mac},
@@ -24,6 +26,14 @@ use crate::{
 };
 
 pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<AddResult> {
+    if conf.prev_result.is_some() {
+        return Err(CniError::new(
+            ErrorCode::INVALID_CONFIG,
+            "ebpf-cni creates the pod's interface and must be the first plugin of a chain",
+        )
+        .with_details("this ADD carries a prevResult: move ebpf-cni to the front of the conflist's plugins"));
+    }
+    let request = Request::gather(&env.args, conf)?;
     let netns_path = env.netns.as_deref().expect("validated: ADD has CNI_NETNS");
     let pod_ns = Netns::open(netns_path).map_err(|e| {
         let code = match e.kind() {
@@ -46,7 +56,8 @@ pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<Add
         }
     }
     let ipam = Ipam::from_conf(conf, raw_conf)?;
-    let setup = Setup { env, conf, attachment: &attachment, node: &node, pod: &pod, pod_ns: &pod_ns };
+    let setup =
+        Setup { env, conf, request: &request, attachment: &attachment, node: &node, pod: &pod, pod_ns: &pod_ns };
     match setup.run(&ipam).await {
         Ok(result) => Ok(result),
         Err(err) => {
@@ -61,6 +72,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<Add
 struct Setup<'a> {
     env: &'a CniEnv,
     conf: &'a NetConf,
+    request: &'a Request,
     attachment: &'a Attachment,
     node: &'a Netlink,
     pod: &'a Netlink,
@@ -69,15 +81,19 @@ struct Setup<'a> {
 
 impl Setup<'_> {
     async fn run(&self, ipam: &Ipam) -> CniResult<AddResult> {
-        let allocation = ipam.allocate(self.env)?;
+        let allocation = ipam.allocate(self.env, &self.request.ips)?;
+        fault::point("add:after-ipam");
         let ips = ipv4_only(&allocation)?;
         let host_ifname = self.attachment.host_ifname();
         self.node
-            .add_veth(&host_ifname, &self.env.ifname, self.pod_ns, self.conf.mtu)
+            .add_veth(&host_ifname, &self.env.ifname, self.pod_ns, self.conf.mtu, self.request.mac)
             .await
             .cni(ErrorCode::IO, "cannot create veth pair")?;
+        fault::point("add:after-veth");
         let host =
             self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
+        let alias = attachment::alias(&self.conf.name, &self.env.container_id, &self.env.ifname);
+        self.node.set_alias(host.index, &alias).await.cni(ErrorCode::IO, "cannot label the host veth")?;
         let pod = self
             .pod
             .link(&self.env.ifname)
@@ -97,6 +113,7 @@ impl Setup<'_> {
             let host_route = IpNetwork::new(IpAddr::V4(*ip), 32).expect("/32");
             self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
         }
+        fault::point("add:after-routes");
         let settings = Settings::resolve(self.conf, pod_subnet(&allocation)?, self.node).await?;
         let datapath = Datapath::lock(&self.conf.bpffs_root(), &self.conf.name)?;
         datapath.ensure_loaded(&settings)?;
@@ -108,8 +125,11 @@ impl Setup<'_> {
             host_mac: host.mac,
             pad: [0; 4],
         };
+        fault::point("add:after-load");
         datapath.add_endpoints(&ips, endpoint)?;
+        fault::point("add:after-endpoints");
         datapath.attach(&host_ifname, &self.env.container_id, &self.env.ifname)?;
+        fault::point("add:after-attach");
         Ok(AddResult {
             interfaces: vec![
                 Interface { name: host_ifname, mac: format_mac(host.mac), sandbox: None },

@@ -4,6 +4,7 @@ use crate::{
     attachment::Attachment,
     bpf::Datapath,
     cni::{CniResult, Context, ErrorCode, config::NetConf, env::CniEnv},
+    fault,
     ipam::Ipam,
     net::netlink::Netlink,
 };
@@ -22,6 +23,7 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink)
     let attachment = Attachment::new(&env.container_id, &env.ifname);
     let mut first_err =
         node.delete_link(&attachment.host_ifname()).await.cni(ErrorCode::IO, "cannot delete host veth").err();
+    fault::point("del:after-veth");
     let root = conf.bpffs_root();
     if root.exists() {
         let steps = Datapath::lock(&root, &conf.name).and_then(|dp| {
@@ -34,6 +36,7 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink)
             first_err.get_or_insert(e);
         }
     }
+    fault::point("del:after-datapath");
     if let Err(e) = ipam.release(env) {
         first_err.get_or_insert(e);
     }

@@ -1,6 +1,9 @@
 //! One CNI invocation: read env and stdin, run the verb, print the result or the error.
 mod add;
+mod check;
 mod del;
+mod gc;
+mod status;
 
 use std::{
     io::{Read, Write},
@@ -53,6 +56,7 @@ fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
         return Ok(Some(json!({ "cniVersion": version::asked(stdin), "supportedVersions": version::SUPPORTED })));
     }
     let conf = NetConf::parse(stdin)?;
+    version::allows(env.command, &conf.cni_version)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -61,10 +65,9 @@ fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
         match env.command {
             Command::Add => add::add(&env, &conf, stdin).await.map(|r| Some(r.to_json(&conf.cni_version))),
             Command::Del => del::del(&env, &conf, stdin).await.map(|()| None),
-            Command::Check | Command::Gc | Command::Status => Err(CniError::new(
-                ErrorCode::INTERNAL,
-                format!("CNI_COMMAND {:?} is not implemented in this version of ebpf-cni", env.command),
-            )),
+            Command::Check => check::check(&env, &conf, stdin).await.map(|()| None),
+            Command::Gc => gc::gc(&env, &conf, stdin).await.map(|()| None),
+            Command::Status => status::status(&env, &conf, stdin).map(|()| None),
             Command::Version => unreachable!("answered above"),
         }
     })

@@ -45,20 +45,44 @@ pub struct NetConf {
     pub masq_port_range: Option<String>,
     /// Root of our pins in bpffs; one directory per network below it.
     pub bpffs_root: Option<PathBuf>,
+    /// The result of the plugins before us: CHECK and DEL get the cached ADD result here.
+    pub prev_result: Option<Value>,
+    /// Capabilities the runtime filled in (`ips`, `mac`); see [`super::request`].
+    pub runtime_config: Option<Value>,
+    /// `args.cni.ips` / `args.cni.mac` (the CNI conventions' per-attachment arguments).
+    pub args: Option<Value>,
+    /// GC: the attachments that are still in use; everything else of this network goes.
+    #[serde(rename = "cni.dev/valid-attachments")]
+    pub valid_attachments: Option<Vec<AttachmentRef>>,
+    /// The same list under the key of spec 1.1's drafts, still sent by some runtimes.
+    #[serde(rename = "cni.dev/attachments")]
+    pub attachments: Option<Vec<AttachmentRef>>,
+}
+
+/// One (container ID, interface name) pair of a GC request.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentRef {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
 }
 
 impl NetConf {
     /// Parses and validates stdin. Unknown fields are ignored, as the spec asks.
     pub fn parse(raw: &[u8]) -> CniResult<Self> {
-        let value: Value = serde_json::from_slice(raw)
+        let mut value: Value = serde_json::from_slice(raw)
             .map_err(|e| CniError::new(ErrorCode::DECODE, "network configuration is not valid JSON").with_details(e))?;
-        let version = value.get("cniVersion").and_then(Value::as_str).unwrap_or_default();
-        if !version::is_supported(version) {
+        let version = version::of_config(&value).unwrap_or_default();
+        if !version::is_supported(&version) {
             return Err(CniError::new(
                 ErrorCode::INCOMPATIBLE_VERSION,
                 format!("cniVersion {version:?} is not supported"),
             )
             .with_details(format!("supported: {}", version::SUPPORTED.join(", "))));
+        }
+        if let Some(object) = value.as_object_mut() {
+            object.insert("cniVersion".into(), Value::String(version));
         }
         let conf: NetConf = serde_json::from_value(value)
             .map_err(|e| CniError::new(ErrorCode::INVALID_CONFIG, "invalid network configuration").with_details(e))?;
@@ -103,6 +127,15 @@ impl NetConf {
             return Err(bad());
         }
         Ok(min..=max)
+    }
+
+    /// GC's list of attachments in use, under whichever key the runtime used.
+    pub fn gc_attachments(&self) -> Vec<AttachmentRef> {
+        let mut all: Vec<AttachmentRef> =
+            self.valid_attachments.iter().chain(&self.attachments).flatten().cloned().collect();
+        all.sort();
+        all.dedup();
+        all
     }
 
     pub fn bpffs_root(&self) -> PathBuf {

@@ -42,6 +42,8 @@ pub struct CniEnv {
     pub netns: Option<PathBuf>,
     pub ifname: String,
     pub path: Vec<PathBuf>,
+    /// `CNI_ARGS` as key → value (see [`super::request`] for the keys we act on).
+    pub args: BTreeMap<String, String>,
 }
 
 impl CniEnv {
@@ -55,10 +57,8 @@ impl CniEnv {
             netns: nonempty("CNI_NETNS").map(PathBuf::from),
             ifname: String::new(),
             path: nonempty("CNI_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default(),
+            args: parse_args(&get("CNI_ARGS").unwrap_or_default())?,
         };
-        // Validated for form only: no key changes behaviour yet, and runtimes send keys of
-        // their own (K8S_POD_NAME, IgnoreUnknown…) that must not fail the call.
-        parse_args(&get("CNI_ARGS").unwrap_or_default())?;
         if command.per_attachment() {
             let id = nonempty("CNI_CONTAINERID").ok_or_else(|| invalid("CNI_CONTAINERID is required"))?;
             validate_container_id(&id)?;
@@ -75,9 +75,14 @@ impl CniEnv {
         }
         Ok(env)
     }
+
+    /// CNI_PATH, required by the verbs that may run another plugin (GC, STATUS delegating).
+    pub fn require_path(&self) -> CniResult<()> {
+        if self.path.is_empty() { Err(invalid("CNI_PATH is required")) } else { Ok(()) }
+    }
 }
 
-fn invalid(msg: impl Into<String>) -> CniError {
+pub(super) fn invalid(msg: impl Into<String>) -> CniError {
     CniError::new(ErrorCode::INVALID_ENV, msg)
 }
 

@@ -17,12 +17,18 @@ impl ErrorCode {
     pub const IO: Self = Self(5);
     pub const DECODE: Self = Self(6);
     pub const INVALID_CONFIG: Self = Self(7);
+    /// STATUS: the plugin cannot serve ADD right now (the reason is in `msg`).
+    pub const NOT_AVAILABLE: Self = Self(50);
     /// Plugin-specific: no free address left in a range set.
     pub const POOL_EXHAUSTED: Self = Self(100);
     /// Plugin-specific: the pod already has this interface (or its host end exists).
     pub const INTERFACE_EXISTS: Self = Self(101);
     /// Plugin-specific: bpffs, BTF or TCX is missing, or the kernel refused the programs.
     pub const DATAPATH: Self = Self(102);
+    /// Plugin-specific: an address the runtime asked for is reserved by another attachment.
+    pub const ADDRESS_TAKEN: Self = Self(103);
+    /// Plugin-specific: CHECK found the attachment differs from what ADD set up.
+    pub const CHECK_FAILED: Self = Self(104);
     pub const INTERNAL: Self = Self(999);
 }
 

@@ -2,6 +2,7 @@
 pub mod config;
 pub mod env;
 pub mod error;
+pub mod request;
 pub mod result;
 pub mod version;
 

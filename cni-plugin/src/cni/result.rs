@@ -1,11 +1,12 @@
 //! The ADD result, written in the format of the version the configuration asked for
-//! (runtimes on libcni ≤ 1.1 reject a 1.1.0 result to a 1.0.0 request).
+//! (runtimes on libcni ≤ 1.1 reject a 1.1.0 result to a 1.0.0 request), and read back from any
+//! version's format (a delegated IPAM plugin's result, CHECK's `prevResult`).
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
-use super::version;
+use super::{CniError, CniResult, ErrorCode, version};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Interface {
@@ -91,6 +92,50 @@ impl AddResult {
     }
 }
 
+impl AddResult {
+    /// Reads a result of any version from 0.3.0 on: `ips[].version` is optional there and
+    /// ignored, the address says its family. Results before 0.3.0 (`ip4`) are refused.
+    pub fn from_json(json: &Value) -> CniResult<Self> {
+        let bad = |what: String| CniError::new(ErrorCode::DECODE, format!("result: {what}"));
+        if json.get("ip4").is_some() || json.get("ip6").is_some() {
+            return Err(bad("formats before 0.3.0 (`ip4`) are not supported".into()));
+        }
+        let list = |key: &str| json.get(key).and_then(Value::as_array).into_iter().flatten();
+        let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_string);
+        let interfaces = list("interfaces")
+            .map(|i| {
+                Ok(Interface {
+                    name: text(i, "name").ok_or_else(|| bad("interface without name".into()))?,
+                    mac: text(i, "mac").unwrap_or_default(),
+                    sandbox: text(i, "sandbox").filter(|s| !s.is_empty()),
+                })
+            })
+            .collect::<CniResult<_>>()?;
+        let ips = list("ips")
+            .map(|ip| {
+                let address = text(ip, "address").ok_or_else(|| bad("ip without address".into()))?;
+                Ok(IpConfig {
+                    address: address.parse().map_err(|_| bad(format!("address {address:?}")))?,
+                    gateway: text(ip, "gateway")
+                        .map(|g| g.parse().map_err(|_| bad(format!("gateway {g:?}"))))
+                        .transpose()?,
+                    interface: ip.get("interface").and_then(Value::as_u64).map(|i| i as usize),
+                })
+            })
+            .collect::<CniResult<_>>()?;
+        let routes = list("routes")
+            .map(|r| {
+                let dst = text(r, "dst").ok_or_else(|| bad("route without dst".into()))?;
+                Ok(Route {
+                    dst: dst.parse().map_err(|_| bad(format!("route dst {dst:?}")))?,
+                    gw: text(r, "gw").map(|g| g.parse().map_err(|_| bad(format!("route gw {g:?}")))).transpose()?,
+                })
+            })
+            .collect::<CniResult<_>>()?;
+        Ok(Self { interfaces, ips, routes, dns: json.get("dns").cloned().unwrap_or(Value::Null) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +173,14 @@ mod tests {
             assert!(j["dns"].is_object());
             let has_version = j["ips"][0].get("version").is_some();
             assert_eq!(has_version, v.starts_with("0."), "{v}");
+            assert_eq!(AddResult::from_json(&j).unwrap(), AddResult { dns: json!({}), ..sample() }, "{v}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_read() {
+        for bad in [json!({"ip4": {}}), json!({"ips": [{"address": "x"}]}), json!({"routes": [{"gw": "1.1.1.1"}]})] {
+            assert_eq!(AddResult::from_json(&bad).unwrap_err().code, ErrorCode::DECODE, "{bad}");
         }
     }
 }

@@ -2,7 +2,6 @@
 //! configuration on stdin, as the spec's "IP allocation" section describes.
 use std::{
     io::Write,
-    net::IpAddr,
     path::PathBuf,
     process::{Command, Stdio},
 };
@@ -13,7 +12,7 @@ use super::Allocation;
 use crate::cni::{
     CniError, CniResult, Context, ErrorCode,
     env::CniEnv,
-    result::{IpConfig, Route},
+    result::{AddResult, IpConfig},
 };
 
 pub struct Delegated {
@@ -43,6 +42,19 @@ impl Delegated {
 
     pub fn del(&self, env: &CniEnv) -> CniResult<()> {
         self.exec(env, "DEL").map(drop)
+    }
+
+    /// CHECK, GC and STATUS are passed on as they are; the plugin answers for its own state.
+    pub fn forward(&self, env: &CniEnv, command: &str) -> CniResult<()> {
+        self.exec(env, command).map(drop)
+    }
+
+    /// Whether the plugin speaks `version` (an IPAM plugin older than spec 1.1.0 has no GC or
+    /// STATUS, and asking would only fail).
+    pub fn speaks(&self, env: &CniEnv, version: &str) -> CniResult<bool> {
+        let reply = self.exec(env, "VERSION")?;
+        let listed = reply.get("supportedVersions").and_then(Value::as_array);
+        Ok(listed.is_some_and(|l| l.iter().any(|v| v.as_str() == Some(version))))
     }
 
     fn binary(&self, env: &CniEnv) -> CniResult<PathBuf> {
@@ -78,37 +90,9 @@ impl Delegated {
     }
 }
 
-/// Reads `ips`, `routes` and `dns` of a ≥0.3.0 result (older `ip4` results are not supported).
+/// The allocation in a result of any version (see [`AddResult::from_json`]).
 fn parse_result(json: &Value) -> CniResult<Allocation> {
-    let bad = |what: &str| CniError::new(ErrorCode::DECODE, format!("IPAM result: {what}"));
-    if json.get("ip4").is_some() {
-        return Err(bad("results before 0.3.0 (`ip4`) are not supported"));
-    }
-    let ips = json
-        .get("ips")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|ip| {
-            let address = ip.get("address").and_then(Value::as_str).ok_or_else(|| bad("ip without address"))?;
-            Ok(IpConfig {
-                address: address.parse().map_err(|_| bad(address))?,
-                gateway: ip.get("gateway").and_then(Value::as_str).and_then(|g| g.parse::<IpAddr>().ok()),
-                interface: None,
-            })
-        })
-        .collect::<CniResult<Vec<_>>>()?;
-    let routes = json
-        .get("routes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|r| {
-            Some(Route {
-                dst: r.get("dst")?.as_str()?.parse().ok()?,
-                gw: r.get("gw").and_then(Value::as_str).and_then(|g| g.parse().ok()),
-            })
-        })
-        .collect();
-    Ok(Allocation { ips, routes, dns: json.get("dns").cloned().unwrap_or(Value::Null) })
+    let result = AddResult::from_json(json)?;
+    let ips = result.ips.into_iter().map(|ip| IpConfig { interface: None, ..ip }).collect();
+    Ok(Allocation { ips, routes: result.routes, dns: result.dns })
 }

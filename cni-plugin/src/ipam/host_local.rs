@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::{
     Allocation,
     range::{Range, RangeConf, RangeSet},
-    store::Store,
+    store::{Holder, Store},
 };
 use crate::cni::{
     CniError, CniResult, ErrorCode,
@@ -72,33 +72,154 @@ impl HostLocal {
         })
     }
 
-    /// One address per range set, or nothing at all (a partial allocation is released).
-    pub fn allocate(&self, id: &str, ifname: &str) -> CniResult<Allocation> {
+    /// One address per range set, or nothing at all (a partial allocation is released). A
+    /// requested address is used for the set it belongs to; the other sets go round-robin.
+    pub fn allocate(&self, id: &str, ifname: &str, requested: &[IpAddr]) -> CniResult<Allocation> {
+        let requested = self.assign_requests(requested)?;
         let store = Store::lock(&self.data_dir, &self.network)?;
         let mut ips = Vec::new();
         for (index, set) in self.sets.iter().enumerate() {
-            match next_free(&store, set, index) {
-                Some((ip, range)) if store.reserve(ip, id, ifname, index)? => ips.push(IpConfig {
-                    address: IpNetwork::V4(Ipv4Network::new(ip, range.subnet.prefix()).expect("valid prefix")),
-                    gateway: Some(IpAddr::V4(range.gateway)),
-                    interface: None,
-                }),
-                _ => {
-                    store.release(id, ifname)?;
-                    let ranges: Vec<String> = set.iter().map(|r| format!("{}-{}", r.start, r.end)).collect();
-                    return Err(CniError::new(
-                        ErrorCode::POOL_EXHAUSTED,
-                        format!("no free address in range set {}", ranges.join(",")),
-                    ));
-                }
-            }
+            let reserved = match requested[index] {
+                Some(ip) => Some(reserve_requested(&store, set, ip, id, ifname, index)?),
+                None => match next_free(&store, set, index) {
+                    Some((ip, range)) if store.reserve(ip, id, ifname, index)? => Some((ip, range)),
+                    _ => None,
+                },
+            };
+            let Some((ip, range)) = reserved else {
+                store.release(id, ifname)?;
+                let ranges: Vec<String> = set.iter().map(|r| format!("{}-{}", r.start, r.end)).collect();
+                return Err(CniError::new(
+                    ErrorCode::POOL_EXHAUSTED,
+                    format!("no free address in range set {}", ranges.join(",")),
+                ));
+            };
+            ips.push(IpConfig {
+                address: IpNetwork::V4(Ipv4Network::new(ip, range.subnet.prefix()).expect("valid prefix")),
+                gateway: Some(IpAddr::V4(range.gateway)),
+                interface: None,
+            });
         }
         Ok(Allocation { ips, routes: self.routes.clone(), dns: Value::Null })
+    }
+
+    /// Which range set each requested address is for; one outside every set is an error.
+    fn assign_requests(&self, requested: &[IpAddr]) -> CniResult<Vec<Option<Ipv4Addr>>> {
+        let mut per_set = vec![None; self.sets.len()];
+        for ip in requested {
+            let IpAddr::V4(v4) = *ip else {
+                return Err(CniError::new(
+                    ErrorCode::UNSUPPORTED_FIELD,
+                    format!("requested {ip}: IPv6 is not supported yet"),
+                ));
+            };
+            let set = self.sets.iter().position(|set| set.iter().any(|r| r.is_allocatable(v4))).ok_or_else(|| {
+                CniError::new(ErrorCode::INVALID_CONFIG, format!("requested address {v4} is in no IPAM range"))
+            })?;
+            if per_set[set].replace(v4).is_some() {
+                return Err(CniError::new(
+                    ErrorCode::INVALID_CONFIG,
+                    format!("two requested addresses for the range set of {v4}"),
+                ));
+            }
+        }
+        Ok(per_set)
     }
 
     pub fn release(&self, id: &str, ifname: &str) -> CniResult<()> {
         let store = Store::lock(&self.data_dir, &self.network)?;
         store.release(id, ifname).map(drop)
+    }
+
+    /// CHECK: each address is reserved, and for this attachment.
+    pub fn check(&self, id: &str, ifname: &str, ips: &[Ipv4Addr]) -> CniResult<()> {
+        let store = Store::lock(&self.data_dir, &self.network)?;
+        for ip in ips {
+            match store.holder(*ip) {
+                Some(holder) if holder.is(id, ifname) => {}
+                Some(holder) => {
+                    return Err(CniError::new(
+                        ErrorCode::CHECK_FAILED,
+                        format!("{ip} is reserved for {}, not for this attachment", holder.container_id),
+                    ));
+                }
+                None => {
+                    return Err(CniError::new(
+                        ErrorCode::CHECK_FAILED,
+                        format!("{ip} is not reserved in {}", self.data_dir.display()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn holders(&self) -> CniResult<Vec<Holder>> {
+        let store = Store::lock(&self.data_dir, &self.network)?;
+        Ok(store.reservations()?.into_iter().map(|(_, h)| h).collect())
+    }
+
+    /// GC: releases every reservation whose holder `keep` rejects; returns those holders.
+    pub fn collect_garbage(&self, keep: impl Fn(&Holder) -> bool) -> CniResult<Vec<Holder>> {
+        let store = Store::lock(&self.data_dir, &self.network)?;
+        let mut stale = Vec::new();
+        let mut first_err = None;
+        for (ip, holder) in store.reservations()? {
+            if keep(&holder) {
+                continue;
+            }
+            match store.remove(ip) {
+                Ok(()) => stale.push(holder),
+                Err(e) => drop(first_err.get_or_insert(e)),
+            }
+        }
+        first_err.map_or(Ok(stale), Err)
+    }
+
+    /// STATUS: the data dir takes writes and every range set has a free address.
+    pub fn status(&self) -> CniResult<()> {
+        let store = Store::lock(&self.data_dir, &self.network)
+            .map_err(|e| not_available(format!("IPAM data dir: {}", e.msg)))?;
+        store.probe_writable().map_err(|e| not_available(format!("IPAM data dir is not writable: {}", e.details)))?;
+        for (index, set) in self.sets.iter().enumerate() {
+            if next_free(&store, set, index).is_none() {
+                let ranges: Vec<String> = set.iter().map(|r| format!("{}-{}", r.start, r.end)).collect();
+                return Err(not_available(format!("IP pool exhausted: no free address in {}", ranges.join(","))));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn not_available(msg: String) -> CniError {
+    CniError::new(ErrorCode::NOT_AVAILABLE, msg)
+}
+
+/// A requested address: free, or already this attachment's (an ADD retried after a crash).
+fn reserve_requested<'a>(
+    store: &Store,
+    set: &'a RangeSet,
+    ip: Ipv4Addr,
+    id: &str,
+    ifname: &str,
+    index: usize,
+) -> CniResult<(Ipv4Addr, &'a Range)> {
+    let range = set.iter().find(|r| r.is_allocatable(ip)).expect("assigned to this set");
+    if store.reserve(ip, id, ifname, index)? {
+        return Ok((ip, range));
+    }
+    match store.holder(ip) {
+        Some(holder) if holder.is(id, ifname) => Ok((ip, range)),
+        holder => {
+            store.release(id, ifname)?;
+            Err(CniError::new(
+                ErrorCode::ADDRESS_TAKEN,
+                format!(
+                    "requested address {ip} is reserved for {}",
+                    holder.map(|h| h.container_id).unwrap_or_default()
+                ),
+            ))
+        }
     }
 }
 
@@ -147,16 +268,42 @@ mod tests {
         let ipam = ipam(&dir, json!({}));
         // /29: .1 gateway, .2–.6 free (5 addresses).
         let got: Vec<String> =
-            (0..5).map(|i| ipam.allocate(&format!("c{i}"), "eth0").unwrap().ips[0].address.to_string()).collect();
+            (0..5).map(|i| ipam.allocate(&format!("c{i}"), "eth0", &[]).unwrap().ips[0].address.to_string()).collect();
         assert_eq!(got, ["10.9.0.2/29", "10.9.0.3/29", "10.9.0.4/29", "10.9.0.5/29", "10.9.0.6/29"]);
-        let err = ipam.allocate("c9", "eth0").unwrap_err();
+        let err = ipam.allocate("c9", "eth0", &[]).unwrap_err();
         assert_eq!(err.code, ErrorCode::POOL_EXHAUSTED);
         ipam.release("c1", "eth0").unwrap();
         ipam.release("c1", "eth0").unwrap();
         // Round-robin continues after .6 and wraps to the freed .3.
-        assert_eq!(ipam.allocate("c10", "eth0").unwrap().ips[0].address.to_string(), "10.9.0.3/29");
+        assert_eq!(ipam.allocate("c10", "eth0", &[]).unwrap().ips[0].address.to_string(), "10.9.0.3/29");
         let content = std::fs::read_to_string(dir.join("net/10.9.0.3")).unwrap();
         assert_eq!(content, "c10\r\neth0");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn requested_addresses_gc_and_status() {
+        let dir = tempdir().with_extension("req");
+        let _ = std::fs::remove_dir_all(&dir);
+        let ipam = ipam(&dir, json!({}));
+        let want = |s: &str| vec![s.parse::<IpAddr>().unwrap()];
+        assert_eq!(ipam.allocate("a", "eth0", &want("10.9.0.5")).unwrap().ips[0].address.to_string(), "10.9.0.5/29");
+        // The same attachment asking again (ADD retried) gets it; another does not.
+        ipam.allocate("a", "eth0", &want("10.9.0.5")).unwrap();
+        assert_eq!(ipam.allocate("b", "eth0", &want("10.9.0.5")).unwrap_err().code, ErrorCode::ADDRESS_TAKEN);
+        assert_eq!(ipam.allocate("b", "eth0", &want("10.9.0.1")).unwrap_err().code, ErrorCode::INVALID_CONFIG);
+        assert_eq!(ipam.allocate("b", "eth0", &want("10.8.0.2")).unwrap_err().code, ErrorCode::INVALID_CONFIG);
+        ipam.allocate("b", "eth0", &[]).unwrap();
+        ipam.check("a", "eth0", &["10.9.0.5".parse().unwrap()]).unwrap();
+        assert!(ipam.check("b", "eth0", &["10.9.0.5".parse().unwrap()]).is_err());
+        ipam.status().unwrap();
+        let stale = ipam.collect_garbage(|h| h.container_id == "a").unwrap();
+        assert_eq!(stale.len(), 1);
+        assert_eq!(stale[0].container_id, "b");
+        for i in 0..4 {
+            ipam.allocate(&format!("f{i}"), "eth0", &[]).unwrap();
+        }
+        assert_eq!(ipam.status().unwrap_err().code, ErrorCode::NOT_AVAILABLE);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

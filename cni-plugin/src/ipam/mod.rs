@@ -5,7 +5,10 @@ mod host_local;
 mod range;
 mod store;
 
+use std::net::{IpAddr, Ipv4Addr};
+
 use serde_json::Value;
+pub use store::Holder;
 
 use crate::cni::{
     CniError, CniResult, ErrorCode,
@@ -44,9 +47,10 @@ impl Ipam {
         }
     }
 
-    pub fn allocate(&self, env: &CniEnv) -> CniResult<Allocation> {
+    pub fn allocate(&self, env: &CniEnv, requested: &[IpAddr]) -> CniResult<Allocation> {
         match self {
-            Self::HostLocal(h) => h.allocate(&env.container_id, &env.ifname),
+            Self::HostLocal(h) => h.allocate(&env.container_id, &env.ifname, requested),
+            // The delegate reads the same CNI_ARGS and runtimeConfig itself.
             Self::Delegated(d) => d.add(env),
         }
     }
@@ -56,6 +60,48 @@ impl Ipam {
         match self {
             Self::HostLocal(h) => h.release(&env.container_id, &env.ifname),
             Self::Delegated(d) => d.del(env),
+        }
+    }
+
+    /// Every holder of a reservation (none known for a delegate).
+    pub fn holders(&self) -> CniResult<Vec<Holder>> {
+        match self {
+            Self::HostLocal(h) => h.holders(),
+            Self::Delegated(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// CHECK: the attachment still holds `ips`.
+    pub fn check(&self, env: &CniEnv, ips: &[Ipv4Addr]) -> CniResult<()> {
+        match self {
+            Self::HostLocal(h) => h.check(&env.container_id, &env.ifname, ips),
+            Self::Delegated(d) => d.forward(env, "CHECK"),
+        }
+    }
+
+    /// GC: releases the reservations of attachments `keep` rejects and returns those it knows
+    /// of (a delegate gets the same GC request and answers for itself).
+    pub fn collect_garbage(&self, env: &CniEnv, keep: impl Fn(&Holder) -> bool) -> CniResult<Vec<Holder>> {
+        match self {
+            Self::HostLocal(h) => h.collect_garbage(keep),
+            Self::Delegated(d) => {
+                env.require_path()?;
+                if d.speaks(env, "1.1.0")? {
+                    d.forward(env, "GC")?;
+                }
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// STATUS: whether an ADD could get an address now.
+    pub fn status(&self, env: &CniEnv) -> CniResult<()> {
+        match self {
+            Self::HostLocal(h) => h.status(),
+            Self::Delegated(d) => {
+                env.require_path()?;
+                if d.speaks(env, "1.1.0")? { d.forward(env, "STATUS") } else { Ok(()) }
+            }
         }
     }
 }

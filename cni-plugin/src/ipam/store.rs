@@ -52,6 +52,13 @@ impl Store {
         Ok(true)
     }
 
+    /// Creates and removes a file, which fails on a read-only or full filesystem.
+    pub fn probe_writable(&self) -> CniResult<()> {
+        let probe = self.dir.join(format!(".status-{}", std::process::id()));
+        fs::write(&probe, b"").cni(ErrorCode::IO, format!("cannot write in {}", self.dir.display()))?;
+        fs::remove_file(&probe).cni(ErrorCode::IO, "cannot remove the probe file")
+    }
+
     pub fn last_reserved(&self, set: usize) -> Option<Ipv4Addr> {
         fs::read_to_string(self.dir.join(format!("last_reserved_ip.{set}"))).ok()?.trim().parse().ok()
     }
@@ -60,9 +67,8 @@ impl Store {
         self.dir.join(ip.to_string()).exists()
     }
 
-    /// Every address reserved for the attachment (also host-local's older ID-only format).
-    pub fn find(&self, id: &str, ifname: &str) -> CniResult<Vec<Ipv4Addr>> {
-        let wanted = format!("{}{LINE_BREAK}{ifname}", id.trim());
+    /// Every reservation: the address and who holds it.
+    pub fn reservations(&self) -> CniResult<Vec<(Ipv4Addr, Holder)>> {
         let mut found = Vec::new();
         for entry in fs::read_dir(&self.dir).cni(ErrorCode::IO, "cannot list IPAM dir")? {
             let entry = entry.cni(ErrorCode::IO, "cannot list IPAM dir")?;
@@ -70,24 +76,54 @@ impl Store {
                 continue;
             };
             let Ok(content) = fs::read_to_string(entry.path()) else { continue };
-            let content = content.trim();
-            if content == wanted || content == id.trim() {
-                found.push(ip);
-            }
+            found.push((ip, Holder::parse(&content)));
         }
         Ok(found)
+    }
+
+    /// The holder of one address, if it is reserved.
+    pub fn holder(&self, ip: Ipv4Addr) -> Option<Holder> {
+        fs::read_to_string(self.dir.join(ip.to_string())).ok().map(|c| Holder::parse(&c))
+    }
+
+    /// Every address reserved for the attachment.
+    pub fn find(&self, id: &str, ifname: &str) -> CniResult<Vec<Ipv4Addr>> {
+        Ok(self.reservations()?.into_iter().filter(|(_, h)| h.is(id, ifname)).map(|(ip, _)| ip).collect())
     }
 
     /// Releases every address of the attachment; releasing nothing is not an error.
     pub fn release(&self, id: &str, ifname: &str) -> CniResult<Vec<Ipv4Addr>> {
         let ips = self.find(id, ifname)?;
         for ip in &ips {
-            match fs::remove_file(self.dir.join(ip.to_string())) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(e).cni(ErrorCode::IO, format!("cannot release {ip}")),
-            }
+            self.remove(*ip)?;
         }
         Ok(ips)
+    }
+
+    pub fn remove(&self, ip: Ipv4Addr) -> CniResult<()> {
+        match fs::remove_file(self.dir.join(ip.to_string())) {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(e).cni(ErrorCode::IO, format!("cannot release {ip}")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Who holds a reservation: container ID and interface name, or only the container ID in
+/// host-local's format before CNI 0.4 (then it matches any interface of that container).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub container_id: String,
+    pub ifname: Option<String>,
+}
+
+impl Holder {
+    fn parse(content: &str) -> Self {
+        let mut lines = content.lines().map(str::trim);
+        let container_id = lines.next().unwrap_or_default().to_string();
+        Self { container_id, ifname: lines.next().filter(|l| !l.is_empty()).map(str::to_string) }
+    }
+
+    pub fn is(&self, id: &str, ifname: &str) -> bool {
+        self.container_id == id.trim() && self.ifname.as_deref().is_none_or(|i| i == ifname)
     }
 }

@@ -10,7 +10,7 @@ use rtnetlink::{
         AddressFamily,
         address::{AddressAttribute, AddressHeaderFlags, AddressScope},
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
-        route::{RouteAttribute, RouteHeader, RouteScope},
+        route::{RouteAddress, RouteAttribute, RouteHeader, RouteScope},
     },
 };
 
@@ -19,6 +19,13 @@ use super::netns::Netns;
 /// `ENODEV`/`ENOENT` from the kernel: the object is already gone.
 fn is_not_found(err: &rtnetlink::Error) -> bool {
     matches!(err, rtnetlink::Error::NetlinkError(m) if m.raw_code().abs() == libc::ENODEV || m.raw_code().abs() == libc::ENOENT)
+}
+
+/// A route as CHECK compares it with a result's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteEntry {
+    pub dst: IpNetwork,
+    pub gw: Option<IpAddr>,
 }
 
 /// A link as far as the plugin cares.
@@ -55,13 +62,24 @@ impl Netlink {
         }
     }
 
-    /// Creates `host` here and its peer `pod_ifname` directly inside `pod_ns`, both down.
-    pub async fn add_veth(&self, host: &str, pod_ifname: &str, pod_ns: &Netns, mtu: Option<u32>) -> Result<()> {
+    /// Creates `host` here and its peer `pod_ifname` directly inside `pod_ns`, both down; the
+    /// peer gets `pod_mac` when the runtime asked for one.
+    pub async fn add_veth(
+        &self,
+        host: &str,
+        pod_ifname: &str,
+        pod_ns: &Netns,
+        mtu: Option<u32>,
+        pod_mac: Option<[u8; 6]>,
+    ) -> Result<()> {
         let mut peer = LinkMessageBuilder::<LinkUnspec>::new().name(pod_ifname).setns_by_fd(pod_ns.raw_fd());
         let mut builder = LinkVeth::new(host, pod_ifname);
         if let Some(mtu) = mtu {
             peer = peer.mtu(mtu);
             builder = builder.mtu(mtu);
+        }
+        if let Some(mac) = pod_mac {
+            peer = peer.address(mac.to_vec());
         }
         let message = builder.set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build()))).build();
         self.handle
@@ -70,6 +88,32 @@ impl Netlink {
             .execute()
             .await
             .with_context(|| format!("creating veth {host} <-> {pod_ifname}"))
+    }
+
+    /// Sets the interface alias (`ip link` shows it); the kernel ignores one given at creation.
+    pub async fn set_alias(&self, index: u32, alias: &str) -> Result<()> {
+        let message = LinkUnspec::new_with_index(index).alias(alias).build();
+        self.handle.link().set(message).execute().await.context("setting link alias")
+    }
+
+    /// Every link whose alias starts with `prefix`: (name, alias).
+    pub async fn links_by_alias(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        let mut links = self.handle.link().get().execute();
+        let mut found = Vec::new();
+        while let Some(msg) = links.try_next().await.context("listing links")? {
+            let (mut name, mut alias) = (None, None);
+            for attr in &msg.attributes {
+                match attr {
+                    LinkAttribute::IfName(n) => name = Some(n.clone()),
+                    LinkAttribute::IfAlias(a) => alias = Some(a.clone()),
+                    _ => {}
+                }
+            }
+            if let (Some(name), Some(alias)) = (name, alias.filter(|a| a.starts_with(prefix))) {
+                found.push((name, alias));
+            }
+        }
+        Ok(found)
     }
 
     pub async fn set_up(&self, index: u32) -> Result<()> {
@@ -153,6 +197,50 @@ impl Netlink {
             }
         }
         Ok(None)
+    }
+
+    /// The addresses of a link (with their prefix lengths).
+    pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>> {
+        let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();
+        let mut found = Vec::new();
+        while let Some(msg) = addresses.try_next().await.context("listing addresses")? {
+            let ip = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(ip) => Some(*ip),
+                _ => None,
+            });
+            if let Some(net) = ip.and_then(|ip| IpNetwork::new(ip, msg.header.prefix_len).ok()) {
+                found.push(net);
+            }
+        }
+        Ok(found)
+    }
+
+    /// IPv4 routes of the main table that leave by `index`.
+    pub async fn routes_via(&self, index: u32) -> Result<Vec<RouteEntry>> {
+        let request = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut routes = self.handle.route().get(request).execute();
+        let mut found = Vec::new();
+        while let Some(route) = routes.try_next().await.context("listing routes")? {
+            if route.header.table != RouteHeader::RT_TABLE_MAIN {
+                continue;
+            }
+            let (mut dst, mut gw, mut oif) = (Ipv4Addr::UNSPECIFIED, None, None);
+            for attr in &route.attributes {
+                match attr {
+                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
+                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(IpAddr::V4(*ip)),
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    _ => {}
+                }
+            }
+            if oif != Some(index) {
+                continue;
+            }
+            if let Ok(dst) = IpNetwork::new(IpAddr::V4(dst), route.header.destination_prefix_length) {
+                found.push(RouteEntry { dst, gw });
+            }
+        }
+        Ok(found)
     }
 
     pub async fn link_name(&self, index: u32) -> Result<Option<String>> {

@@ -1,0 +1,109 @@
+//! CHECK: compares the attachment with the result ADD returned (`prevResult`, possibly changed
+//! by later plugins of the chain) and with what ADD put in the kernel. Read-only; the first
+//! difference found is the error.
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnetwork::IpNetwork;
+
+use crate::{
+    attachment::Attachment,
+    bpf::{Datapath, Expected},
+    cni::{
+        CniError, CniResult, Context, ErrorCode,
+        config::NetConf,
+        env::CniEnv,
+        result::{AddResult, Interface},
+    },
+    ipam::Ipam,
+    net::{
+        netlink::{Netlink, RouteEntry, format_mac},
+        netns::Netns,
+    },
+};
+
+pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> {
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| CniError::new(ErrorCode::INVALID_CONFIG, "CHECK needs prevResult (the cached result of ADD)"))?;
+    let result = AddResult::from_json(prev)?;
+    let attachment = Attachment::new(&env.container_id, &env.ifname);
+    let host_ifname = attachment.host_ifname();
+    let (pod_index, pod_iface) = result
+        .interfaces
+        .iter()
+        .enumerate()
+        .find(|(_, i)| i.name == env.ifname && i.sandbox.is_some())
+        .ok_or_else(|| differs(format!("prevResult has no interface {} inside a sandbox", env.ifname)))?;
+    let netns_path = env.netns.as_deref().expect("validated: CHECK has CNI_NETNS");
+    let pod_ns = Netns::open(netns_path).map_err(|e| {
+        CniError::new(ErrorCode::UNKNOWN_CONTAINER, format!("cannot use CNI_NETNS {}", netns_path.display()))
+            .with_details(e)
+    })?;
+    let node = Netlink::connect().cni(ErrorCode::IO, "cannot open netlink")?;
+    let pod = Netlink::connect_in(&pod_ns).cni(ErrorCode::IO, "cannot open netlink in the pod")?;
+
+    let pod_link = expect_link(&pod, &env.ifname, Some(pod_iface), "pod").await?;
+    let host_iface = result.interfaces.iter().find(|i| i.name == host_ifname && i.sandbox.is_none());
+    let host_link = expect_link(&node, &host_ifname, host_iface, "node").await?;
+
+    // The addresses of our interface (an IP without `interface` is taken as ours).
+    let ips: Vec<&IpNetwork> =
+        result.ips.iter().filter(|ip| ip.interface.is_none_or(|i| i == pod_index)).map(|ip| &ip.address).collect();
+    let present = pod.addresses(pod_link.index).await.cni(ErrorCode::IO, "cannot list the pod's addresses")?;
+    for ip in &ips {
+        if !present.contains(ip) {
+            return Err(differs(format!("{} has no address {ip}", env.ifname)));
+        }
+    }
+    let pod_routes = pod.routes_via(pod_link.index).await.cni(ErrorCode::IO, "cannot list the pod's routes")?;
+    for route in &result.routes {
+        if !pod_routes.iter().any(|r| r.dst == route.dst && (route.gw.is_none() || r.gw == route.gw)) {
+            let via = route.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+            return Err(differs(format!("the pod has no route {}{via} on {}", route.dst, env.ifname)));
+        }
+    }
+    let v4: Vec<Ipv4Addr> =
+        ips.iter().filter_map(|ip| if let IpAddr::V4(v4) = ip.ip() { Some(v4) } else { None }).collect();
+    let host_routes = node.routes_via(host_link.index).await.cni(ErrorCode::IO, "cannot list the node's routes")?;
+    for ip in &v4 {
+        let host_route = RouteEntry { dst: IpNetwork::new(IpAddr::V4(*ip), 32).expect("/32"), gw: None };
+        if !host_routes.contains(&host_route) {
+            return Err(differs(format!("the node has no route {ip}/32 dev {host_ifname}")));
+        }
+    }
+    let datapath = Datapath::lock(&conf.bpffs_root(), &conf.name)?;
+    datapath.check(&Expected {
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+        host_ifname: &host_ifname,
+        host_ifindex: host_link.index,
+        owner: attachment.cookie(),
+        ips: &v4,
+    })?;
+    drop(datapath);
+    Ipam::from_conf(conf, raw_conf)?.check(env, &v4)
+}
+
+/// The link exists and, when the result names its MAC, has that MAC.
+async fn expect_link(
+    nl: &Netlink,
+    name: &str,
+    iface: Option<&Interface>,
+    place: &str,
+) -> CniResult<crate::net::netlink::Link> {
+    let link = nl
+        .link(name)
+        .await
+        .cni(ErrorCode::IO, "cannot list links")?
+        .ok_or_else(|| differs(format!("interface {name} is missing in the {place}")))?;
+    let want = iface.map(|i| i.mac.to_ascii_lowercase()).filter(|m| !m.is_empty());
+    if let Some(want) = want.filter(|w| *w != format_mac(link.mac)) {
+        return Err(differs(format!("{name} in the {place} has MAC {}, the result says {want}", format_mac(link.mac))));
+    }
+    Ok(link)
+}
+
+fn differs(msg: String) -> CniError {
+    CniError::new(ErrorCode::CHECK_FAILED, msg)
+}

@@ -1,0 +1,81 @@
+//! GC (spec 1.1): everything of this network that belongs to no attachment in
+//! `cni.dev/valid-attachments` goes: host veths (and with them the pod ends and /32 routes),
+//! link pins, endpoint and NAT entries, IP reservations, and the network's programs and maps
+//! once no endpoint is left. Keeps going past a failed step; reports the first failure.
+use std::collections::BTreeSet;
+
+use crate::{
+    attachment::{self, ALIAS_PREFIX, Attachment},
+    bpf::{Datapath, link_name},
+    cni::{CniError, CniResult, Context, ErrorCode, config::NetConf, env::CniEnv},
+    ipam::{Holder, Ipam},
+    net::netlink::Netlink,
+};
+
+pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> {
+    let valid = conf.gc_attachments();
+    let is_valid = |id: &str, ifname: &str| valid.iter().any(|a| a.container_id == id && a.ifname == ifname);
+    let keep = |h: &Holder| valid.iter().any(|a| h.is(&a.container_id, &a.ifname));
+    let ipam = Ipam::from_conf(conf, raw_conf)?;
+    let node = Netlink::connect().cni(ErrorCode::IO, "cannot open netlink")?;
+    let mut first_err: Option<CniError> = None;
+
+    // Veths first, as in DEL: an address is released only once nothing routes to it.
+    let mut doomed: BTreeSet<String> = BTreeSet::new();
+    let valid_host_ifnames: BTreeSet<String> =
+        valid.iter().map(|a| Attachment::new(&a.container_id, &a.ifname).host_ifname()).collect();
+    match node.links_by_alias(ALIAS_PREFIX).await {
+        Ok(links) => {
+            for (name, alias) in links {
+                let Some((network, pair)) = attachment::parse_alias(&alias) else { continue };
+                let stale = match pair {
+                    Some((id, ifname)) => !is_valid(id, ifname),
+                    None => !valid_host_ifnames.contains(&name),
+                };
+                if network == conf.name && stale {
+                    doomed.insert(name);
+                }
+            }
+        }
+        Err(e) => drop(first_err.get_or_insert(CniError::new(ErrorCode::IO, "cannot list links").with_details(e))),
+    }
+    // An ADD killed between creating the veth and labelling it left an unlabelled veth; its
+    // address reservation still names it.
+    for holder in ipam.holders()?.iter().filter(|h| !keep(h)) {
+        if let Some(ifname) = &holder.ifname {
+            doomed.insert(Attachment::new(&holder.container_id, ifname).host_ifname());
+        }
+    }
+    for name in &doomed {
+        if let Err(e) = node.delete_link(name).await {
+            first_err.get_or_insert(CniError::new(ErrorCode::IO, format!("cannot delete {name}")).with_details(e));
+        }
+    }
+
+    let root = conf.bpffs_root();
+    let mut collected = None;
+    if root.exists() {
+        let links: BTreeSet<String> = valid.iter().map(|a| link_name(&a.container_id, &a.ifname)).collect();
+        let owners: BTreeSet<u64> =
+            valid.iter().map(|a| Attachment::new(&a.container_id, &a.ifname).cookie()).collect();
+        match Datapath::lock(&root, &conf.name).and_then(|dp| dp.collect_garbage(&links, &owners)) {
+            Ok(done) => collected = Some(done),
+            Err(e) => drop(first_err.get_or_insert(e)),
+        }
+    }
+    let released = match ipam.collect_garbage(env, keep) {
+        Ok(stale) => stale.len(),
+        Err(e) => {
+            first_err.get_or_insert(e);
+            0
+        }
+    };
+    eprintln!(
+        "ebpf-cni: GC of {} kept {} attachments, removed {} veths, {released} IP reservations, {:?}",
+        conf.name,
+        valid.len(),
+        doomed.len(),
+        collected.unwrap_or_default()
+    );
+    first_err.map_or(Ok(()), Err)
+}

@@ -1,0 +1,56 @@
+//! STATUS (spec 1.1): whether an ADD could succeed now. Code 50 and the reason when it could
+//! not: bpffs missing, a kernel without BTF or TCX, the IP pool exhausted, the data dir not
+//! writable. A delegated IPAM plugin answers for its own part.
+use std::path::Path;
+
+use crate::{
+    bpf,
+    cni::{CniError, CniResult, ErrorCode, config::NetConf, env::CniEnv},
+    ipam::Ipam,
+};
+
+/// TCX (the attach API for the programs) arrived in Linux 6.6.
+const TCX_SINCE: (u32, u32) = (6, 6);
+
+pub fn status(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> {
+    let root = conf.bpffs_root();
+    if !bpf::on_bpffs_or_below(&root) {
+        return Err(not_available(format!("{} is not on a bpffs mount", root.display()))
+            .with_details("mount it with `mount -t bpf bpf /sys/fs/bpf` or set bpffsRoot"));
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(not_available("the kernel has no BTF (/sys/kernel/btf/vmlinux is missing)"));
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    if kernel_version(&release).is_none_or(|v| v < TCX_SINCE) {
+        return Err(not_available(format!(
+            "kernel {} has no TCX; {}.{} or later is needed",
+            release.trim(),
+            TCX_SINCE.0,
+            TCX_SINCE.1
+        )));
+    }
+    Ipam::from_conf(conf, raw_conf)?.status(env)
+}
+
+/// `6.18.0-1-amd64` → (6, 18).
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.trim().split(['.', '-']);
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+fn not_available(msg: impl Into<String>) -> CniError {
+    CniError::new(ErrorCode::NOT_AVAILABLE, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_kernel_versions() {
+        assert_eq!(kernel_version("6.18.0-1-amd64\n"), Some((6, 18)));
+        assert!(kernel_version("6.1.0").unwrap() < TCX_SINCE);
+        assert_eq!(kernel_version("garbage"), None);
+    }
+}
