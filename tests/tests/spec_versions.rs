@@ -21,7 +21,8 @@ fn every_verb_in_every_version() {
         let plugin = list.plugins[0].clone();
         let pod = tb.new_pod().unwrap();
         let sb = tb.sandbox(pod);
-        let allowed = |since: &str| VERSIONS.iter().position(|v| *v == version) >= VERSIONS.iter().position(|v| *v == since);
+        let allowed =
+            |since: &str| VERSIONS.iter().position(|v| *v == version) >= VERSIONS.iter().position(|v| *v == since);
         let expect = |out: &CniOutput, ok: bool, verb: &str| {
             if ok {
                 assert!(out.success, "{version} {verb}: {} {}", out.stdout, out.stderr);

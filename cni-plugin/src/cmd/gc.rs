@@ -42,8 +42,10 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
     // An ADD killed between creating the veth and labelling it left an unlabelled veth; its
     // address reservation still names it.
     for holder in ipam.holders()?.iter().filter(|h| !keep(h)) {
-        if let Some(ifname) = &holder.ifname {
-            doomed.insert(Attachment::new(&holder.container_id, ifname).host_ifname());
+        let Some(ifname) = &holder.ifname else { continue };
+        let name = Attachment::new(&holder.container_id, ifname).host_ifname();
+        if node.link(&name).await.is_ok_and(|l| l.is_some()) {
+            doomed.insert(name);
         }
     }
     for name in &doomed {
@@ -70,12 +72,17 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
             0
         }
     };
+    let kernel = collected.unwrap_or_default();
     eprintln!(
-        "ebpf-cni: GC of {} kept {} attachments, removed {} veths, {released} IP reservations, {:?}",
+        "ebpf-cni: GC of {} kept {} attachments; removed {} veths, {} link pins, {} endpoints, {} NAT entries, \
+         {released} IP reservations{}",
         conf.name,
         valid.len(),
         doomed.len(),
-        collected.unwrap_or_default()
+        kernel.links,
+        kernel.endpoints,
+        kernel.nat_entries,
+        if kernel.network_removed { ", and the network's programs and maps" } else { "" }
     );
     first_err.map_or(Ok(()), Err)
 }
