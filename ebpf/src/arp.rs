@@ -1,7 +1,7 @@
 //! ARP responder: a pod asking for any address other than its own gets the host-side veth's MAC.
 //! That makes every destination, the gateway included, one hop away through `from_pod`, with no
 //! bridge and no proxy-ARP sysctl in the node.
-use aya_ebpf::{bindings::TC_ACT_OK, helpers::bpf_redirect, programs::TcContext};
+use aya_ebpf::{helpers::bpf_redirect, programs::TcContext};
 use ebpf_common::{DropReason, IpKey};
 use network_types::{arp::ArpHdr, eth::EthHdr};
 
@@ -19,7 +19,7 @@ pub fn handle(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     let sender = arp.spa;
     // An ARP probe (sender 0.0.0.0) carries no claim; anything else must be the pod's own address.
     if sender == [0; 4] {
-        return TC_ACT_OK as i32;
+        return crate::packet::PASS;
     }
     let Some(own) = maps::endpoint(&IpKey::v4(sender)) else {
         return maps::drop(ctx, DropReason::SpoofedArp);
@@ -29,7 +29,7 @@ pub fn handle(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     }
     // Replies and gratuitous announcements (target == sender) go to the node's stack unchanged.
     if arp.oper() != OPER_REQUEST || arp.tpa == sender {
-        return TC_ACT_OK as i32;
+        return crate::packet::PASS;
     }
     let target = arp.tpa;
     arp.set_oper(OPER_REPLY);

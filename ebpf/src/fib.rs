@@ -3,9 +3,7 @@
 //! answer with a next hop (local address, no route, forwarding off, MTU) goes to the kernel,
 //! which then does what it always does (deliver, ICMP error, drop).
 use aya_ebpf::{
-    bindings::{
-        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, bpf_fib_lookup as FibParams, bpf_redir_neigh,
-    },
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams, bpf_redir_neigh},
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
@@ -20,7 +18,7 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
     // An expiring packet is the kernel's to answer (ICMP time exceeded).
     if ip.ttl <= 1 {
-        return TC_ACT_OK as i32;
+        return crate::packet::PASS;
     }
     // SAFETY: an all-zero `bpf_fib_lookup` is a valid input.
     let mut params: FibParams = unsafe { core::mem::zeroed() };
@@ -35,7 +33,7 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     // SAFETY: `params` is a valid, writable lookup structure of `size` bytes.
     let found = unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), &mut params, size, 0) } as u32;
     if found != BPF_FIB_LKUP_RET_SUCCESS && found != BPF_FIB_LKUP_RET_NO_NEIGH {
-        return TC_ACT_OK as i32;
+        return crate::packet::PASS;
     }
     decrement_ttl(ip);
     if found == BPF_FIB_LKUP_RET_SUCCESS {

@@ -5,10 +5,10 @@
 //! 3. IPv4 to another pod on this node is delivered straight into that pod with
 //!    `bpf_redirect_peer` (no second pass through the host stack).
 //! 4. IPv4 to a pod on another node (cluster CIDR) is forwarded through the FIB (`fib.rs`).
-//! 5. Anything else IPv4 goes to the node's stack (`TC_ACT_OK`): the node's own addresses,
+//! 5. Anything else IPv4 goes to the node's stack (`packet::PASS`): the node's own addresses,
 //!    service addresses that kube-proxy translates, and the outside, which is masqueraded on
 //!    the way out of the uplink (`snat.rs`), after the node's own NAT rules had their say.
-use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, IpKey};
 use network_types::{
     eth::{EthHdr, EtherType},
@@ -49,5 +49,5 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     if config::get().in_cluster(dst) {
         return fib::forward(ctx, eth, ip);
     }
-    TC_ACT_OK as i32
+    crate::packet::PASS
 }

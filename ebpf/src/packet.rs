@@ -1,5 +1,10 @@
 //! Bounds-checked access to packet headers (the verifier requires the check before each use).
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{bindings::TC_ACT_UNSPEC, programs::TcContext};
+
+/// The verdict for a packet we leave alone: TCX runs the next program attached to the
+/// interface, then any classic tc filter (the `bandwidth` plugin's, an operator's), then the
+/// stack. `TC_ACT_OK` would skip them all.
+pub const PASS: i32 = TC_ACT_UNSPEC;
 
 /// A pointer to a `T` at `offset` in the linear packet data, or `None` if the packet is shorter.
 #[inline(always)]

@@ -1,7 +1,7 @@
 //! Masquerade, the way back (`from_uplink`, TC ingress of the uplink): a reply to a masqueraded
 //! flow gets the pod's address and port back and goes straight into the pod, skipping the node's
 //! stack. Everything else continues into the node unchanged.
-use aya_ebpf::{bindings::TC_ACT_OK, helpers::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
 use ebpf_common::IpKey;
 
 use crate::{
@@ -16,15 +16,15 @@ use crate::{
 pub fn ingress(ctx: &TcContext) -> i32 {
     let config = config::get();
     if config.masquerade == 0 || !flow::is_ipv4(ctx) {
-        return TC_ACT_OK as i32;
+        return crate::packet::PASS;
     }
-    let Ok((_, dst)) = flow::addresses(ctx) else { return TC_ACT_OK as i32 };
+    let Ok((_, dst)) = flow::addresses(ctx) else { return crate::packet::PASS };
     if dst != config.node_ipv4 {
-        return TC_ACT_OK as i32;
+        return crate::packet::PASS;
     }
     // Not ours to judge: the node's own traffic (fragments, other protocols) goes on as is.
-    let Ok(flow) = Flow::parse(ctx) else { return TC_ACT_OK as i32 };
-    let Some(entry) = maps::NAT.get_ptr_mut(flow.key()) else { return TC_ACT_OK as i32 };
+    let Ok(flow) = Flow::parse(ctx) else { return crate::packet::PASS };
+    let Some(entry) = maps::NAT.get_ptr_mut(flow.key()) else { return crate::packet::PASS };
     // SAFETY: an LRU value, valid while this program runs.
     let entry = unsafe {
         snat::touch(entry, bpf_ktime_get_ns());
@@ -35,6 +35,6 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         return maps::drop(ctx, reason);
     }
     // A pod deleted meanwhile: the node's stack answers (its route to the pod is gone too).
-    let Some(pod) = maps::endpoint(&IpKey::v4(pod_addr)) else { return TC_ACT_OK as i32 };
+    let Some(pod) = maps::endpoint(&IpKey::v4(pod_addr)) else { return crate::packet::PASS };
     deliver::into_pod(ctx, &pod)
 }

@@ -7,7 +7,7 @@
 //! the atomic "is this port free for this destination" test, so two CPUs never hand out the same
 //! port. Both entries carry the owner (for DEL) and the time of the last packet (for reuse).
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST, TC_ACT_OK},
+    bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     programs::TcContext,
 };
@@ -27,16 +27,16 @@ use crate::{
 pub fn egress(ctx: &TcContext) -> i32 {
     let config = config::get();
     if config.masquerade == 0 || !flow::is_ipv4(ctx) {
-        return TC_ACT_OK as i32;
+        return crate::packet::PASS;
     }
-    let Ok((src, dst)) = flow::addresses(ctx) else { return TC_ACT_OK as i32 };
+    let Ok((src, dst)) = flow::addresses(ctx) else { return crate::packet::PASS };
     // Only our pods, only outside the cluster, never multicast or broadcast.
     if !config.in_cluster(src) || config.in_cluster(dst) || dst[0] >= 224 {
-        return TC_ACT_OK as i32;
+        return crate::packet::PASS;
     }
-    let Some(pod) = maps::endpoint(&IpKey::v4(src)) else { return TC_ACT_OK as i32 };
+    let Some(pod) = maps::endpoint(&IpKey::v4(src)) else { return crate::packet::PASS };
     match Flow::parse(ctx).and_then(|flow| masquerade(ctx, &config, &flow, &pod)) {
-        Ok(()) => TC_ACT_OK as i32,
+        Ok(()) => crate::packet::PASS,
         Err(reason) => maps::drop(ctx, reason),
     }
 }

@@ -4,6 +4,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ebpf_cni_tests::{
     Cluster, EXT_SERVER, NODE1_UPLINK_IP, run_in,
+    runtime::Runtime,
     traffic::{self, ask_tcp, next_echo_request_source, recv_udp, serve_tcp},
 };
 use ebpf_common::DropReason;
@@ -189,4 +190,38 @@ fn other_settings_are_refused_while_the_network_has_pods() {
     assert!(out.success, "{}", out.stdout);
     let settings = entries(&node.map_dump("SETTINGS").unwrap());
     assert_eq!(settings[0]["value"]["port_min"], 50_000, "{settings:?}");
+}
+
+#[test]
+fn gc_forgets_the_flows_of_pods_that_vanished() {
+    let Some(mut c) = cluster("gc_forgets_the_flows_of_pods_that_vanished", "mqgc", "10.248.1.0/24") else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    let (gone, kept) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let addresses: Vec<String> = [gone, kept].iter().map(|&p| node.add(p).unwrap()).collect();
+    let udp_server = traffic::udp_socket(&c.ext.name, server(5353)).unwrap();
+    for &pod in &[gone, kept] {
+        let client =
+            traffic::udp_socket(&node.pods[pod].netns.name, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        client.send_to(b"x", server(5353)).unwrap();
+        recv_udp(&udp_server).unwrap();
+    }
+    assert_eq!(entries(&node.map_dump("NAT").unwrap()).len(), 4);
+    // The sandbox vanishes without a DEL (a node crash, a runtime bug); GC names the other pod.
+    ebpf_cni_tests::run("ip", &["netns", "del", &node.pods[gone].netns.name]).unwrap();
+    let rt = Runtime::for_testbed(node);
+    let list = rt.load(&node.conflist("1.1.0", vec![])).unwrap();
+    rt.gc(&list, &[&node.sandbox(kept)]).unwrap();
+    let nat = entries(&node.map_dump("NAT").unwrap());
+    assert_eq!(nat.len(), 2, "{nat:?}");
+    // The egress entry of the remaining flow is keyed by the kept pod's address.
+    let kept_octets: Vec<u64> = addresses[1].split('.').map(|o| o.parse().unwrap()).collect();
+    let egress = nat.iter().find(|e| e["value"]["direction"] == 1).expect("egress entry");
+    let src: Vec<u64> =
+        egress["key"]["src_addr"].as_array().unwrap()[..4].iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(src, kept_octets, "{egress}");
+    assert_eq!(node.map_len("ENDPOINTS").unwrap(), 1);
+    assert_eq!(node.host_veths().unwrap().len(), 1);
+    assert!(node.ping(&node.pods[kept].netns.name, EXT_SERVER), "the kept pod lost the outside");
 }

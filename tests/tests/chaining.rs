@@ -1,0 +1,96 @@
+//! ebpf-cni as the first plugin of a conflist, its result feeding the reference `portmap`,
+//! `bandwidth` and `tuning` plugins (Debian's, spec ≤ 1.0.0): ADD, CHECK and DEL of the whole
+//! chain, a host port reachable from outside, and nothing left afterwards.
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use ebpf_cni_tests::{
+    Cluster, EXT_UPLINK_IP, NODE1_UPLINK_IP, run_in,
+    runtime::{NetworkList, Runtime, Sandbox},
+    traffic::{self, ask_tcp, serve_tcp},
+};
+use serde_json::json;
+
+const TUNED_MAC: &str = "c2:aa:bb:cc:dd:ee";
+
+#[test]
+fn portmap_bandwidth_and_tuning_chain_after_ebpf_cni() {
+    let Some(mut c) = Cluster::for_test(
+        "portmap_bandwidth_and_tuning_chain_after_ebpf_cni",
+        "chain",
+        "10.232.0.0/16",
+        ["10.232.1.0/24", "10.232.2.0/24"],
+    ) else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    let rt = Runtime::for_testbed(node);
+    let mut conflist = node.conflist(
+        "1.1.0",
+        vec![
+            json!({ "type": "portmap", "capabilities": { "portMappings": true } }),
+            json!({ "type": "bandwidth", "capabilities": { "bandwidth": true } }),
+            json!({ "type": "tuning", "mac": TUNED_MAC, "sysctl": { "net.core.somaxconn": "512" } }),
+        ],
+    );
+    conflist["cniVersions"] = json!(["0.4.0", "1.0.0", "1.1.0"]);
+    let list = rt.load(&conflist).unwrap();
+    assert_eq!(list.cni_version, "1.0.0", "the reference plugins speak up to 1.0.0");
+    let plain = rt.load(&node.conflist("1.0.0", vec![])).unwrap();
+
+    let (web, client) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    let mut sb = node.sandbox(web);
+    sb.capability_args
+        .insert("portMappings".into(), json!([{ "hostPort": 8080, "containerPort": 80, "protocol": "tcp" }]));
+    sb.capability_args.insert(
+        "bandwidth".into(),
+        json!({ "ingressRate": 1_000_000_000u64, "ingressBurst": 100_000_000u64,
+                "egressRate": 1_000_000_000u64, "egressBurst": 100_000_000u64 }),
+    );
+    let result = rt.add(&list, &sb).unwrap();
+    assert_eq!(result["cniVersion"], "1.0.0");
+    let web_ip = result["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().to_string();
+    assert_eq!(result["interfaces"][1]["mac"], TUNED_MAC, "tuning's MAC is in the chain's result");
+    check_chain(&rt, &list, &sb);
+    let client_sb = node.sandbox(client);
+    rt.add(&plain, &client_sb).unwrap();
+
+    // The host port, from outside: portmap's DNAT in the node, then our /32 route to the pod.
+    let web_ns = node.pods[web].netns.name.clone();
+    let listener = traffic::tcp_listener(&web_ns, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 80)).unwrap();
+    let served = serve_tcp(listener, 2);
+    let host_port = SocketAddrV4::new(NODE1_UPLINK_IP.parse().unwrap(), 8080);
+    let seen = ask_tcp(&mut traffic::tcp_connect(&c.ext.name, 0, host_port).unwrap()).unwrap();
+    assert!(seen.starts_with(&format!("{EXT_UPLINK_IP}:")), "through the host port the pod saw {seen}");
+    // Pod to pod, though tuning changed the pod's MAC after ebpf-cni recorded it.
+    let seen = ask_tcp(
+        &mut traffic::tcp_connect(&node.pods[client].netns.name, 0, SocketAddrV4::new(web_ip.parse().unwrap(), 80))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(seen.starts_with("10.232.1."), "pod to pod: the server saw {seen}");
+    served.join().unwrap().unwrap();
+    // bandwidth shaped the host veth (tbf), tuning set the pod's sysctl.
+    let host_veth = result["interfaces"][0]["name"].as_str().unwrap();
+    let qdiscs = run_in(&node.node.name, "tc", &["qdisc", "show", "dev", host_veth]).unwrap();
+    assert!(String::from_utf8_lossy(&qdiscs.stdout).contains("tbf"), "no bandwidth qdisc on {host_veth}");
+    let somaxconn = run_in(&web_ns, "sysctl", &["-n", "net.core.somaxconn"]).unwrap();
+    assert_eq!(String::from_utf8_lossy(&somaxconn.stdout).trim(), "512");
+
+    rt.del(&plain, &client_sb).unwrap();
+    rt.del(&list, &sb).unwrap();
+    assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
+    let rules = run_in(&node.node.name, "iptables-save", &[]).unwrap();
+    assert!(!String::from_utf8_lossy(&rules.stdout).contains("8080"), "portmap's DNAT outlived DEL");
+}
+
+/// CHECK of every plugin with the cached result. Debian's portmap (1.1.1) fails CHECK for a
+/// pod without IPv6 by looking for an ip6tables chain it never made (containernetworking/
+/// plugins#819, fixed upstream later): that one failure is accepted, any other is not.
+fn check_chain(rt: &Runtime, list: &NetworkList, sb: &Sandbox) {
+    let cached = rt.cached(sb).expect("cached ADD result");
+    for plugin in &list.plugins {
+        let out = rt.invoke(list, plugin, "CHECK", Some(sb), &[("prevResult", cached.clone())]).unwrap();
+        let known_bug = plugin["type"] == "portmap" && out.stdout.contains("could not check ipv6 dnat");
+        assert!(out.success || known_bug, "CHECK of {}: {}", plugin["type"], out.stdout);
+    }
+}
