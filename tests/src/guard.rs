@@ -45,7 +45,8 @@ impl NetnsGuard {
 impl Drop for NetnsGuard {
     fn drop(&mut self) {
         // Deleting the namespace destroys every interface in it (and so both ends of its veths).
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        // Quietly: a test may have deleted it already (a sandbox that vanished).
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).stderr(std::process::Stdio::null()).status();
     }
 }
 

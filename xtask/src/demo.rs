@@ -13,6 +13,7 @@ use ebpf_cni_tests::{
     Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, Testbed, require_privileges, run_in,
     traffic::{self, ask_tcp, serve_tcp},
 };
+use serde_json::Value;
 
 /// Pods per node: two on node 1 (same-node path), one on node 2 (cross-node path).
 const PODS: [usize; 2] = [2, 1];
@@ -29,18 +30,20 @@ pub fn run(binary: PathBuf) -> Result<()> {
     println!("== node 2 {} (underlay to node 1, route to each other's pod subnet)", c.nodes[1].node.name);
     println!(
         "== node 1's configuration (stdin of every call)\n{}",
-        serde_json::to_string_pretty(&c.nodes[0].conf("1.0.0"))?
+        serde_json::to_string_pretty(&c.nodes[0].conf("1.1.0"))?
     );
 
     let mut ips: Vec<(usize, String, String)> = Vec::new(); // (node, pod netns, address)
+    let mut results: Vec<Vec<Value>> = vec![Vec::new(), Vec::new()]; // ADD results per node
     let mut add_ms = Vec::new();
     for (n, node) in c.nodes.iter_mut().enumerate() {
         for _ in 0..PODS[n] {
             let pod = node.new_pod()?;
-            let out = node.cni("ADD", pod, &node.conf("1.0.0"))?;
+            let out = node.cni("ADD", pod, &node.conf("1.1.0"))?;
             ensure!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
             add_ms.push(out.elapsed.as_secs_f64() * 1e3);
             let address = out.json()["ips"][0]["address"].as_str().context("no address")?.to_string();
+            results[n].push(out.json());
             println!("\n== ADD on node {} in {:.1} ms: {address}", n + 1, add_ms[add_ms.len() - 1]);
             if ips.is_empty() {
                 println!("{}", serde_json::to_string_pretty(&out.json())?);
@@ -93,10 +96,12 @@ pub fn run(binary: PathBuf) -> Result<()> {
     println!("\n== in node 1: {rules} iptables rules, {bridges} bridges");
     ensure!(rules == 0 && bridges == 0, "the node has rules or bridges");
 
+    check_status_gc(&c.nodes[0], &results[0])?;
+
     let mut del_ms = Vec::new();
     for node in &c.nodes {
         for pod in 0..node.pods.len() {
-            let out = node.cni("DEL", pod, &node.conf("1.0.0"))?;
+            let out = node.cni("DEL", pod, &node.conf("1.1.0"))?;
             ensure!(out.success, "DEL failed: {}", out.stdout);
             del_ms.push(out.elapsed.as_secs_f64() * 1e3);
         }
@@ -111,6 +116,34 @@ pub fn run(binary: PathBuf) -> Result<()> {
         list(&del_ms)
     );
     println!("(the first ADD on each node loads and pins the programs; later ADDs reuse them)");
+    Ok(())
+}
+
+/// The spec 1.1 verbs no runtime on this machine sends: CHECK of node 1's pods against their
+/// ADD results, STATUS, and GC after a pod's sandbox vanished without a DEL.
+fn check_status_gc(node: &Testbed, results: &[Value]) -> Result<()> {
+    println!("\n== CHECK, STATUS and GC on node 1 (spec 1.1.0)");
+    for (pod, result) in results.iter().enumerate() {
+        let mut conf = node.conf("1.1.0");
+        conf["prevResult"] = result.clone();
+        let out = node.cni("CHECK", pod, &conf)?;
+        ensure!(out.success, "CHECK failed: {}", out.stdout);
+        println!("CHECK pod {}: ok (interfaces, addresses, routes, link, program, endpoint, reservation)", pod);
+    }
+    let out =
+        node.cni_raw(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")], &node.conf("1.1.0").to_string())?;
+    ensure!(out.success, "STATUS failed: {}", out.stdout);
+    println!("STATUS: ok (bpffs, BTF, TCX, IP pool, data dir)");
+    let gone = node.pods.len() - 1;
+    ebpf_cni_tests::run("ip", &["netns", "del", &node.pods[gone].netns.name])?;
+    println!("pod {gone}'s sandbox vanished without a DEL; GC with the other pods as valid attachments:");
+    let valid: Vec<Value> =
+        (0..gone).map(|p| serde_json::json!({ "containerID": node.pods[p].container_id, "ifname": "eth0" })).collect();
+    let mut conf = node.conf("1.1.0");
+    conf["cni.dev/valid-attachments"] = Value::Array(valid);
+    let out = node.cni_raw(&[("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")], &conf.to_string())?;
+    ensure!(out.success, "GC failed: {}", out.stdout);
+    println!("{}", out.stderr.trim());
     Ok(())
 }
 
