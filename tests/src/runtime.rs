@@ -59,6 +59,11 @@ impl Runtime {
         }
     }
 
+    /// Searches `dir` for plugins too (before the others), e.g. a fake IPAM plugin of a test.
+    pub fn search_first(&mut self, dir: PathBuf) {
+        self.cni_path.insert(0, dir);
+    }
+
     fn binary(&self, plugin_type: &str) -> Result<PathBuf> {
         self.cni_path
             .iter()

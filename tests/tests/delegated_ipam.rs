@@ -55,3 +55,52 @@ fn missing_or_failing_ipam_plugin_leaves_nothing() {
     assert_eq!(out.code(), Some(7), "{}", out.stdout);
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }
+
+/// An IPAM plugin that speaks spec 1.1.0 (none of Debian's does): it logs each verb it gets,
+/// hands out one address, and fails STATUS while a `full` file exists.
+const FAKE_IPAM: &str = r#"#!/bin/sh
+dir=$(dirname "$0")
+cat > /dev/null
+echo "$CNI_COMMAND" >> "$dir/calls"
+case "$CNI_COMMAND" in
+VERSION) echo '{"cniVersion":"1.1.0","supportedVersions":["1.0.0","1.1.0"]}' ;;
+ADD) echo '{"cniVersion":"1.1.0","ips":[{"address":"10.231.0.9/24","gateway":"10.231.0.1"}]}' ;;
+STATUS) if [ -e "$dir/full" ]; then echo '{"cniVersion":"1.1.0","code":50,"msg":"fake: no addresses left"}'; exit 1; fi ;;
+esac
+"#;
+
+#[test]
+fn check_gc_and_status_reach_a_delegated_plugin() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use ebpf_cni_tests::runtime::Runtime;
+    let Some(mut tb) = Testbed::for_test("check_gc_and_status_reach_a_delegated_plugin", "deleg11", "10.231.0.0/24")
+    else {
+        return;
+    };
+    let dir = tb.data_dir().join("plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("fake-ipam");
+    std::fs::write(&script, FAKE_IPAM).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut rt = Runtime::for_testbed(&tb);
+    rt.search_first(dir.clone());
+    let mut conflist = tb.conflist("1.1.0", vec![]);
+    conflist["plugins"][0]["ipam"] = json!({ "type": "fake-ipam" });
+    let list = rt.load(&conflist).unwrap();
+    let pod = tb.new_pod().unwrap();
+    let sb = tb.sandbox(pod);
+    assert_eq!(rt.add(&list, &sb).unwrap()["ips"][0]["address"], "10.231.0.9/24");
+    rt.check(&list, &sb).unwrap();
+    rt.status(&list).unwrap();
+    std::fs::write(dir.join("full"), "").unwrap();
+    let out = rt.invoke(&list, &list.plugins[0], "STATUS", None, &[]).unwrap();
+    assert_eq!(out.code(), Some(50), "{}", out.stdout);
+    assert!(out.json()["msg"].as_str().unwrap().contains("no addresses left"), "{}", out.stdout);
+    rt.gc(&list, &[]).unwrap();
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new(), "GC with no valid attachment");
+    rt.del(&list, &sb).unwrap();
+    let calls = std::fs::read_to_string(dir.join("calls")).unwrap();
+    let calls: Vec<&str> = calls.lines().filter(|c| *c != "VERSION").collect();
+    assert_eq!(calls, ["ADD", "CHECK", "STATUS", "STATUS", "GC", "DEL"]);
+}
