@@ -16,7 +16,7 @@ use crate::{
     },
     ipam::Ipam,
     net::{
-        netlink::{Netlink, RouteEntry, format_mac},
+        netlink::{Link, Netlink, RouteEntry, format_mac},
         netns::Netns,
     },
 };
@@ -86,12 +86,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
 }
 
 /// The link exists and, when the result names its MAC, has that MAC.
-async fn expect_link(
-    nl: &Netlink,
-    name: &str,
-    iface: Option<&Interface>,
-    place: &str,
-) -> CniResult<crate::net::netlink::Link> {
+async fn expect_link(nl: &Netlink, name: &str, iface: Option<&Interface>, place: &str) -> CniResult<Link> {
     let link = nl
         .link(name)
         .await

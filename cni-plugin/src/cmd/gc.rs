@@ -41,7 +41,11 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
     }
     // An ADD killed between creating the veth and labelling it left an unlabelled veth; its
     // address reservation still names it.
-    for holder in ipam.holders()?.iter().filter(|h| !keep(h)) {
+    let holders = ipam.holders().unwrap_or_else(|e| {
+        first_err.get_or_insert(e);
+        Vec::new()
+    });
+    for holder in holders.iter().filter(|h| !keep(h)) {
         let Some(ifname) = &holder.ifname else { continue };
         let name = Attachment::new(&holder.container_id, ifname).host_ifname();
         if node.link(&name).await.is_ok_and(|l| l.is_some()) {
