@@ -88,10 +88,9 @@ impl HostLocal {
             };
             let Some((ip, range)) = reserved else {
                 store.release(id, ifname)?;
-                let ranges: Vec<String> = set.iter().map(|r| format!("{}-{}", r.start, r.end)).collect();
                 return Err(CniError::new(
                     ErrorCode::POOL_EXHAUSTED,
-                    format!("no free address in range set {}", ranges.join(",")),
+                    format!("no free address in range set {}", describe(set)),
                 ));
             };
             ips.push(IpConfig {
@@ -183,12 +182,16 @@ impl HostLocal {
         store.probe_writable().map_err(|e| not_available(format!("IPAM data dir is not writable: {}", e.details)))?;
         for (index, set) in self.sets.iter().enumerate() {
             if next_free(&store, set, index).is_none() {
-                let ranges: Vec<String> = set.iter().map(|r| format!("{}-{}", r.start, r.end)).collect();
-                return Err(not_available(format!("IP pool exhausted: no free address in {}", ranges.join(","))));
+                return Err(not_available(format!("IP pool exhausted: no free address in {}", describe(set))));
             }
         }
         Ok(())
     }
+}
+
+/// `10.1.0.2-10.1.0.254,10.2.0.2-10.2.0.254`, as errors name a range set.
+fn describe(set: &RangeSet) -> String {
+    set.iter().map(|r| format!("{}-{}", r.start, r.end)).collect::<Vec<_>>().join(",")
 }
 
 fn not_available(msg: String) -> CniError {
