@@ -166,17 +166,28 @@ impl Testbed {
 
     /// Like [`Self::cni`] with an explicit CNI_NETNS (containerd sends DEL with an empty one).
     pub fn cni_with_netns(&self, command: &str, pod: usize, conf: &Value, netns: &str) -> Result<CniOutput> {
+        self.cni_env(command, pod, conf, netns, &[])
+    }
+
+    /// Like [`Self::cni_with_netns`] with more variables (`CNI_ARGS`, `EBPF_CNI_DIE_AT`…).
+    pub fn cni_env(
+        &self,
+        command: &str,
+        pod: usize,
+        conf: &Value,
+        netns: &str,
+        more: &[(&str, &str)],
+    ) -> Result<CniOutput> {
         let pod = &self.pods[pod];
-        self.cni_raw(
-            &[
-                ("CNI_COMMAND", command),
-                ("CNI_CONTAINERID", &pod.container_id),
-                ("CNI_NETNS", netns),
-                ("CNI_IFNAME", "eth0"),
-                ("CNI_PATH", "/usr/lib/cni"),
-            ],
-            &conf.to_string(),
-        )
+        let mut env = vec![
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", pod.container_id.as_str()),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/usr/lib/cni"),
+        ];
+        env.extend_from_slice(more);
+        self.cni_raw(&env, &conf.to_string())
     }
 
     pub fn cni_raw(&self, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {

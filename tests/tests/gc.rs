@@ -19,21 +19,8 @@ const DEL_STEPS: [&str; 2] = ["del:after-veth", "del:after-datapath"];
 
 /// Runs `command` for `pod` with the plugin told to die at `step`; asserts it did.
 fn killed_at(tb: &Testbed, pod: usize, command: &str, step: &str) {
-    let conf = tb.conf("1.1.0").to_string();
-    let sb = tb.sandbox(pod);
-    let out = tb
-        .cni_raw(
-            &[
-                ("CNI_COMMAND", command),
-                ("CNI_CONTAINERID", &sb.container_id),
-                ("CNI_NETNS", &sb.netns),
-                ("CNI_IFNAME", "eth0"),
-                ("CNI_PATH", "/usr/lib/cni"),
-                ("EBPF_CNI_DIE_AT", step),
-            ],
-            &conf,
-        )
-        .unwrap();
+    let netns = tb.sandbox(pod).netns;
+    let out = tb.cni_env(command, pod, &tb.conf("1.1.0"), &netns, &[("EBPF_CNI_DIE_AT", step)]).unwrap();
     assert_eq!(out.killed_by, Some(9), "{command} was not killed at {step}: {} {}", out.stdout, out.stderr);
 }
 

@@ -5,19 +5,8 @@ use ebpf_cni_tests::{Testbed, runtime::Runtime};
 use serde_json::json;
 
 fn add_with_args(tb: &Testbed, pod: usize, cni_args: &str) -> ebpf_cni_tests::CniOutput {
-    let sb = tb.sandbox(pod);
-    tb.cni_raw(
-        &[
-            ("CNI_COMMAND", "ADD"),
-            ("CNI_CONTAINERID", &sb.container_id),
-            ("CNI_NETNS", &sb.netns),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/usr/lib/cni"),
-            ("CNI_ARGS", cni_args),
-        ],
-        &tb.conf("1.0.0").to_string(),
-    )
-    .unwrap()
+    let netns = tb.sandbox(pod).netns;
+    tb.cni_env("ADD", pod, &tb.conf("1.0.0"), &netns, &[("CNI_ARGS", cni_args)]).unwrap()
 }
 
 #[test]
