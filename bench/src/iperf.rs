@@ -1,84 +1,78 @@
-//! One iperf3 TCP run between two namespaces, each side pinned to a CPU (`-A`), read from
-//! iperf3's JSON report.
-use std::{
-    process::{Child, Command, Stdio},
-    thread::sleep,
-    time::Duration,
-};
+//! iperf3 runs between two namespaces, read from iperf3's JSON report: TCP throughput and
+//! retransmits (with the machine's CPU time spent meanwhile), UDP packets per second and loss.
+use std::{thread::sleep, time::Duration};
 
 use anyhow::{Context, Result, bail, ensure};
-use ebpf_cni_tests::run_in;
 use serde_json::Value;
 
+use crate::{cpu, proc::Background, topology::Pair};
+
+/// Where iperf3's client and server run. Both `None`: wherever the scheduler puts them.
+#[derive(Clone, Copy)]
 pub struct Placement {
-    pub client_cpu: usize,
-    pub server_cpu: usize,
+    pub client_cpu: Option<usize>,
+    pub server_cpu: Option<usize>,
 }
 
-pub struct Report {
+pub struct Tcp {
     pub gbits: f64,
     pub retransmits: u64,
+    /// Busy CPU seconds of the whole machine per GB received.
+    pub cpu_s_per_gb: f64,
 }
 
-/// The iperf3 server, killed by its PID if it is still running when dropped.
-struct Server(Child);
+pub struct Udp {
+    /// Datagrams the server received per second.
+    pub pps: f64,
+    pub loss_percent: f64,
+}
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+pub fn tcp(pair: &Pair, seconds: u32, streams: u32, at: Placement, reverse: bool) -> Result<Tcp> {
+    let mut args = vec!["-P".to_string(), streams.to_string()];
+    if reverse {
+        args.push("-R".into());
     }
+    let busy = cpu::busy_seconds()?;
+    let report = run(pair, seconds, at, &args)?;
+    let busy = cpu::busy_seconds()? - busy;
+    let received = &report["end"]["sum_received"];
+    let bits = received["bits_per_second"].as_f64().context("no sum_received")?;
+    let bytes = received["bytes"].as_f64().context("no bytes received")?;
+    ensure!(bytes > 0.0, "iperf3 moved no data");
+    Ok(Tcp {
+        gbits: bits / 1e9,
+        retransmits: report["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+        cpu_s_per_gb: busy / (bytes / 1e9),
+    })
 }
 
-/// Which way the data flows on the client's connection.
-#[derive(Clone, Copy)]
-pub enum Direction {
-    /// Client → server.
-    Upload,
-    /// Server → client (`iperf3 -R`), on the connection the client opened.
-    Download,
+/// UDP at full speed (`-b 0`) with `size`-byte datagrams.
+pub fn udp(pair: &Pair, seconds: u32, size: u32, at: Placement) -> Result<Udp> {
+    let args = ["-u".to_string(), "-b".into(), "0".into(), "-l".into(), size.to_string()];
+    let report = run(pair, seconds, at, &args)?;
+    let sum = &report["end"]["sum"];
+    let packets = sum["packets"].as_f64().context("no packets")?;
+    let lost = sum["lost_packets"].as_f64().unwrap_or(0.0);
+    let secs = sum["seconds"].as_f64().context("no seconds")?;
+    ensure!(packets > lost, "no datagram arrived");
+    Ok(Udp { pps: (packets - lost) / secs, loss_percent: sum["lost_percent"].as_f64().unwrap_or(0.0) })
 }
 
-impl Direction {
-    pub const BOTH: [Self; 2] = [Self::Upload, Self::Download];
-}
-
-pub fn run(
-    server_ns: &str,
-    server_ip: &str,
-    client_ns: &str,
-    seconds: u32,
-    at: &Placement,
-    direction: Direction,
-) -> Result<Report> {
-    let server_cpu = at.server_cpu.to_string();
-    let server = Server(
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{server_ns}"))
-            .args(["iperf3", "-s", "-1", "-B", server_ip, "-A", &server_cpu])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting iperf3 -s")?,
-    );
-    // iperf3 -s binds within milliseconds; the client retries once if it was not yet there.
+fn run(pair: &Pair, seconds: u32, at: Placement, extra: &[String]) -> Result<Value> {
+    let _server = Background::spawn_in(&pair.server_ns, at.server_cpu, "iperf3", &["-s", "-1", "-B", &pair.server_ip])?;
+    // iperf3 -s listens within milliseconds; one retry covers a slow start.
     sleep(Duration::from_millis(200));
-    let (secs, cpu) = (seconds.to_string(), at.client_cpu.to_string());
-    let mut args = vec!["-c", server_ip, "-t", &secs, "-A", &cpu, "-J"];
-    if matches!(direction, Direction::Download) {
-        args.push("-R");
-    }
-    let out = run_in(client_ns, "iperf3", &args).or_else(|_| {
+    let secs = seconds.to_string();
+    let mut args: Vec<&str> = vec!["-c", &pair.server_ip, "-t", &secs, "-J"];
+    args.extend(extra.iter().map(String::as_str));
+    let client = || crate::proc::output_in(&pair.client_ns, at.client_cpu, "iperf3", &args);
+    let out = client().or_else(|_| {
         sleep(Duration::from_millis(500));
-        run_in(client_ns, "iperf3", &args)
+        client()
     })?;
-    let report: Value = serde_json::from_slice(&out.stdout).context("iperf3 -J output")?;
+    let report: Value = serde_json::from_str(&out).context("iperf3 -J output")?;
     if let Some(error) = report["error"].as_str() {
-        bail!("iperf3 {client_ns} -> {server_ip}: {error}");
+        bail!("iperf3 {} -> {}: {error}", pair.client_ns, pair.server_ip);
     }
-    drop(server);
-    let sent = &report["end"]["sum_sent"];
-    let received = report["end"]["sum_received"]["bits_per_second"].as_f64().context("no sum_received")?;
-    ensure!(received > 0.0, "iperf3 moved no data");
-    Ok(Report { gbits: received / 1e9, retransmits: sent["retransmits"].as_u64().unwrap_or(0) })
+    Ok(report)
 }

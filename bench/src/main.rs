@@ -1,77 +1,66 @@
-//! Benchmarks of ebpf-cni against the reference `bridge` plugin, each on throwaway namespaces
-//! built the same way for both, rounds interleaved so that drift hits both alike.
-mod add_del;
+//! `cargo xtask bench`: ebpf-cni against the reference `bridge` plugin and against the
+//! ceilings (a bare veth pair, loopback), every path built fresh on throwaway namespaces, rounds
+//! interleaved so drift hits all alike. Writes `bench/results/<date>.md` and `.svg` and prints
+//! the table. `--smoke` runs every measurement briefly and only checks that each figure came out.
+mod chart;
+mod conn_rate;
+mod control;
+mod cpu;
+mod datapath;
 mod iperf;
 mod masquerade;
+mod proc;
+mod report;
+mod sockperf;
 mod stats;
+mod topology;
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
-use clap::{Parser, Subcommand};
-use ebpf_cni_tests::{Plugin, Testbed, require_privileges};
-use serde_json::{Value, json};
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Parser, ValueEnum};
+use ebpf_cni_tests::{Plugin, require_privileges, run};
 
 #[derive(Parser)]
-#[command(about = "ebpf-cni vs bridge")]
+#[command(about = "ebpf-cni vs bridge, and vs a bare veth pair and loopback")]
 struct Cli {
     /// The ebpf-cni binary (default: EBPF_CNI_BIN or the debug build).
-    #[arg(long, global = true)]
+    #[arg(long)]
     plugin: Option<PathBuf>,
-    #[command(subcommand)]
-    bench: Bench,
+    /// A few seconds per section: checks every figure is produced; writes nothing in the tree.
+    #[arg(long)]
+    smoke: bool,
+    /// Sections to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Section>,
+    /// Rounds (each path measured once per round).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Seconds per iperf3 run.
+    #[arg(long, default_value_t = 5)]
+    seconds: u32,
+    /// Where the results go (default: bench/results).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
-#[derive(Subcommand)]
-enum Bench {
-    /// ADD/DEL wall time as a runtime sees it.
-    AddDel(add_del::AddDelArgs),
-    /// iperf3 pod → external server through masquerade: BPF vs bridge's iptables.
-    Masquerade(masquerade::MasqueradeArgs),
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Section {
+    Datapath,
+    Masquerade,
+    Control,
 }
 
-/// The two plugins compared.
-#[derive(Clone, Copy)]
-pub enum Contender {
-    EbpfCni,
-    Bridge,
-}
-
-impl Contender {
-    pub const BOTH: [Self; 2] = [Self::EbpfCni, Self::Bridge];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::EbpfCni => "ebpf-cni",
-            Self::Bridge => "bridge",
-        }
-    }
-
-    pub fn plugin(self, ours: &Plugin) -> Plugin {
-        match self {
-            Self::EbpfCni => ours.clone(),
-            Self::Bridge => Plugin { binary: "/usr/lib/cni/bridge".into() },
-        }
-    }
-
-    /// The network configuration: ours as the testbed writes it (with its `extra` fields), or
-    /// bridge with the gateway (and pods' default route) on the bridge, ipMasq and the same pool.
-    pub fn conf(self, tb: &Testbed) -> Value {
-        match self {
-            Self::EbpfCni => tb.conf("1.0.0"),
-            Self::Bridge => json!({
-                "cniVersion": "1.0.0",
-                "name": tb.network,
-                "type": "bridge",
-                "bridge": "cni0",
-                "isGateway": true,
-                "isDefaultGateway": true,
-                "ipMasq": true,
-                "mtu": ebpf_cni_tests::TEST_MTU,
-                "ipam": { "type": "host-local", "subnet": tb.subnet, "dataDir": tb.data_dir() },
-            }),
-        }
-    }
+/// How long and how much each section measures.
+pub struct Settings {
+    pub rounds: usize,
+    pub seconds: u32,
+    /// Seconds per sockperf run and per connection-rate run.
+    pub latency_seconds: u32,
+    /// Pods already on the node when ADD and DEL are timed.
+    pub pod_levels: Vec<usize>,
+    /// Pods added and deleted per plugin, round and level.
+    pub batch: usize,
 }
 
 fn main() -> Result<()> {
@@ -79,12 +68,75 @@ fn main() -> Result<()> {
     if !require_privileges("bench") {
         bail!("the benchmarks create network namespaces and load eBPF: run them as root");
     }
-    let ours = match cli.plugin {
-        Some(binary) => Plugin { binary },
+    let ours = match &cli.plugin {
+        Some(binary) => Plugin { binary: binary.clone() },
         None => Plugin::from_env()?,
     };
-    match &cli.bench {
-        Bench::AddDel(args) => add_del::run(args, &ours),
-        Bench::Masquerade(args) => masquerade::run(args, &ours),
+    let settings = if cli.smoke {
+        Settings { rounds: 1, seconds: 1, latency_seconds: 1, pod_levels: vec![0, 2, 4], batch: 2 }
+    } else {
+        Settings {
+            rounds: cli.rounds,
+            seconds: cli.seconds,
+            latency_seconds: 3,
+            pod_levels: vec![0, 100, 500],
+            batch: 10,
+        }
+    };
+    let wanted = |s: Section| cli.only.is_empty() || cli.only.contains(&s);
+    let mut figures = Vec::new();
+    if wanted(Section::Datapath) {
+        figures.extend(datapath::run(&settings, &ours)?);
     }
+    if wanted(Section::Masquerade) {
+        figures.extend(masquerade::run(&settings, &ours)?);
+    }
+    if wanted(Section::Control) {
+        figures.extend(control::run(&settings, &ours)?);
+    }
+    let table = report::table(&figures);
+    println!("{table}");
+    let incomplete: Vec<&str> = figures.iter().filter(|f| !f.complete()).map(|f| f.name.as_str()).collect();
+    ensure!(incomplete.is_empty(), "figures without a value: {incomplete:?}");
+
+    let date = String::from_utf8(run("date", &["+%F"])?.stdout)?.trim().to_string();
+    let dir = match (&cli.out, cli.smoke) {
+        (Some(dir), _) => dir.clone(),
+        (None, true) => std::env::temp_dir().join(format!("ecni-bench-smoke-{}", std::process::id())),
+        (None, false) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let (md, svg) = (dir.join(format!("{date}.md")), dir.join(format!("{date}.svg")));
+    let title = format!("ebpf-cni vs bridge, {date}");
+    std::fs::write(&md, markdown(&title, &settings, &table)?)?;
+    std::fs::write(&svg, chart::svg(&title, &figures))?;
+    if cli.smoke && cli.out.is_none() {
+        for file in [&md, &svg] {
+            ensure!(std::fs::metadata(file)?.len() > 0, "{} is empty", file.display());
+        }
+        std::fs::remove_dir_all(&dir)?;
+        eprintln!("smoke: {} figures produced", figures.len());
+    } else {
+        eprintln!("wrote {} and {}", md.display(), svg.display());
+    }
+    Ok(())
+}
+
+fn markdown(title: &str, s: &Settings, table: &str) -> Result<String> {
+    let kernel = String::from_utf8(run("uname", &["-r"])?.stdout)?;
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    Ok(format!(
+        "# {title}\n\n\
+         Kernel {}, {cpus} CPUs. {} rounds; each round measures every path once, in a rotating order. \
+         iperf3 runs {} s, sockperf and connection-rate runs {} s; ADD/DEL: {} pods added then deleted per \
+         plugin, round and level. Values are medians over rounds (p99 rows: over all samples); \
+         \"÷\" columns are the median of the per-round ratios of ebpf-cni to that path. \
+         Placement: TCP 1 stream and UDP with the client on CPU 0 and the server on CPU 1, TCP 4 streams \
+         unpinned, ping-pong client and server both on CPU 1. MTU 1500 on every path.\n\n{table}",
+        kernel.trim(),
+        s.rounds,
+        s.seconds,
+        s.latency_seconds,
+        s.batch
+    ))
 }

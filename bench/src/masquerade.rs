@@ -1,89 +1,59 @@
-//! Throughput between a pod and an external server through masquerade: ebpf-cni (BPF NAT on
-//! the uplink) vs bridge with ipMasq (iptables MASQUERADE), on the same topology (the tests'
-//! `Cluster`: a node with an uplink to an external namespace), fresh for every round, the order
-//! alternating. The pod opens the connection; data flows pod → server (upload) and, on a second
-//! connection, server → pod (download, `iperf3 -R`), where replies take the reverse NAT path.
-use anyhow::Result;
-use clap::Args;
+//! Pod → external server through masquerade: ebpf-cni (BPF NAT on the uplink) vs bridge with
+//! ipMasq (iptables MASQUERADE), each on a fresh cluster (a node with an uplink to an external
+//! namespace), the order alternating. Throughput both ways on connections the pod opens (the
+//! download takes the reverse-NAT path), and new connections per second (each one a new NAT
+//! entry or conntrack entry).
+use std::net::SocketAddrV4;
+
+use anyhow::{Result, ensure};
 use ebpf_cni_tests::{Cluster, EXT_SERVER, Plugin};
 
 use crate::{
-    Contender,
-    iperf::{self, Direction, Placement},
-    stats::Samples,
+    Settings, conn_rate, iperf,
+    iperf::Placement,
+    report::{Better::*, Figure},
+    topology::{self, Pair, Path},
 };
 
-#[derive(Args)]
-pub struct MasqueradeArgs {
-    /// iperf3 runs per plugin.
-    #[arg(long, default_value_t = 5)]
-    rounds: usize,
-    /// Seconds per iperf3 run.
-    #[arg(long, default_value_t = 5)]
-    seconds: u32,
-    /// CPU of the iperf3 client (in the pod) and of the server (outside).
-    #[arg(long, default_value_t = 0)]
-    client_cpu: usize,
-    #[arg(long, default_value_t = 1)]
-    server_cpu: usize,
-}
+const SECTION: &str = "pod → external (masquerade)";
+const SPLIT: Placement = Placement { client_cpu: Some(0), server_cpu: Some(1) };
+const CONN_PORT: u16 = 5301;
 
-pub fn run(args: &MasqueradeArgs, ours: &Plugin) -> Result<()> {
-    let at = Placement { client_cpu: args.client_cpu, server_cpu: args.server_cpu };
-    // [direction][plugin]
-    let mut gbits: [[Samples; 2]; 2] = Default::default();
-    let mut retransmits: [[Samples; 2]; 2] = Default::default();
-    for round in 0..args.rounds {
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for slot in order {
-            let who = Contender::BOTH[slot];
-            let mut cluster =
-                Cluster::new(&format!("bm{round}{slot}"), "10.241.0.0/16", ["10.241.1.0/24", "10.241.2.0/24"])?;
+pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
+    let bridge = Some(Path::Bridge);
+    let mut up = Figure::new(SECTION, "TCP pod → external, 1 stream", "Gbit/s", Higher).target(bridge, 1.0);
+    let mut down = Figure::new(SECTION, "TCP external → pod (-R), 1 stream", "Gbit/s", Higher).target(bridge, 1.0);
+    let mut retr = Figure::new(SECTION, "TCP retransmits, pod → external", "per run", Lower);
+    let mut conns = Figure::new(SECTION, "TCP connections, one at a time", "conn/s", Higher).target(bridge, 1.0);
+    for round in 0..s.rounds {
+        for path in topology::rotated(Path::PLUGINS, round) {
+            let mut cluster = Cluster::new(&format!("bm{round}"), "10.241.0.0/16", ["10.241.1.0/24", "10.241.2.0/24"])?;
             let node = &mut cluster.nodes[0];
-            node.plugin = who.plugin(ours);
+            node.plugin = path.plugin(ours);
             let pod = node.new_pod()?;
-            let out = node.cni("ADD", pod, &who.conf(node))?;
-            anyhow::ensure!(out.success, "{} ADD failed: {}", who.name(), out.stdout);
-            for (d, direction) in Direction::BOTH.into_iter().enumerate() {
-                let pod_ns = &node.pods[pod].netns.name;
-                let report = iperf::run(&cluster.ext.name, EXT_SERVER, pod_ns, args.seconds, &at, direction)?;
-                eprintln!(
-                    "round {round} {:8} {:8}: {:.2} Gbit/s, {} retransmits",
-                    who.name(),
-                    NAMES[d],
-                    report.gbits,
-                    report.retransmits
-                );
-                gbits[d][slot].push_value(report.gbits);
-                retransmits[d][slot].push_value(report.retransmits as f64);
-            }
-            node.cni("DEL", pod, &who.conf(node))?;
-        }
-    }
-    println!(
-        "iperf3 TCP through masquerade, {} runs x {} s per plugin and direction, plugins alternating; \
-         iperf3 client (in the pod) on CPU {}, server (external) on CPU {}\n",
-        args.rounds, args.seconds, args.client_cpu, args.server_cpu
-    );
-    println!("| direction | plugin | median Gbit/s | min | max | median retransmits | ebpf-cni / bridge (median) |");
-    println!("|---|---|---|---|---|---|---|");
-    for d in 0..2 {
-        let ratio = gbits[d][0].p50() / gbits[d][1].p50();
-        for (slot, who) in Contender::BOTH.into_iter().enumerate() {
-            let r = if slot == 0 { format!("{ratio:.2}") } else { String::new() };
-            let g = &gbits[d][slot];
-            println!(
-                "| {} | {} | {:.2} | {:.2} | {:.2} | {:.0} | {r} |",
-                NAMES[d],
-                who.name(),
-                g.p50(),
-                g.quantile(0.0),
-                g.quantile(1.0),
-                retransmits[d][slot].p50()
+            let conf = path.conf(node);
+            let out = node.cni("ADD", pod, &conf)?;
+            ensure!(out.success, "{} ADD failed: {}", path.name(), out.stdout);
+            let pair = Pair::borrowed(&node.pods[pod].netns.name, &cluster.ext.name, EXT_SERVER);
+            let upload = iperf::tcp(&pair, s.seconds, 1, SPLIT, false)?;
+            let download = iperf::tcp(&pair, s.seconds, 1, SPLIT, true)?;
+            let server = SocketAddrV4::new(EXT_SERVER.parse()?, CONN_PORT);
+            let rate = conn_rate::per_second(&pair.client_ns, &pair.server_ns, server, s.latency_seconds)?;
+            eprintln!(
+                "masquerade round {round} {:8}: {:.2} Gbit/s up ({} retr), {:.2} down, {:.0} conn/s",
+                path.name(),
+                upload.gbits,
+                upload.retransmits,
+                download.gbits,
+                rate
             );
+            up.record(path, upload.gbits);
+            down.record(path, download.gbits);
+            retr.record(path, upload.retransmits as f64);
+            conns.record(path, rate);
+            let out = node.cni("DEL", pod, &conf)?;
+            ensure!(out.success, "{} DEL failed: {}", path.name(), out.stdout);
         }
     }
-    Ok(())
+    Ok(vec![up, down, retr, conns])
 }
-
-const NAMES: [&str; 2] = ["pod -> external", "external -> pod"];

@@ -1,20 +1,17 @@
 //! Order statistics over samples (wall times in ms, throughputs, counts).
-use std::time::Duration;
-
-#[derive(Default)]
+#[derive(Clone, Default, Debug)]
 pub struct Samples(Vec<f64>);
 
 impl Samples {
-    /// A duration, in milliseconds.
-    pub fn push(&mut self, d: Duration) {
-        self.0.push(d.as_secs_f64() * 1e3);
-    }
-
-    pub fn push_value(&mut self, v: f64) {
+    pub fn push(&mut self, v: f64) {
         self.0.push(v);
     }
 
-    /// The value below which `q` of the samples fall (nearest rank).
+    pub fn values(&self) -> &[f64] {
+        &self.0
+    }
+
+    /// The value below which `q` of the samples fall (nearest rank); NaN when empty.
     pub fn quantile(&self, q: f64) -> f64 {
         let mut sorted = self.0.clone();
         sorted.sort_by(f64::total_cmp);
@@ -22,11 +19,17 @@ impl Samples {
         sorted.get(rank - 1).copied().unwrap_or(f64::NAN)
     }
 
-    pub fn p50(&self) -> f64 {
+    pub fn median(&self) -> f64 {
         self.quantile(0.5)
     }
 
     pub fn p99(&self) -> f64 {
         self.quantile(0.99)
+    }
+}
+
+impl FromIterator<f64> for Samples {
+    fn from_iter<I: IntoIterator<Item = f64>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
     }
 }

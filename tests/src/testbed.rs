@@ -144,11 +144,16 @@ impl Testbed {
         }
     }
 
-    /// Names of the pinned TCX links of pods.
-    pub fn link_pins(&self) -> Vec<String> {
-        std::fs::read_dir(self.version_dir().join("links"))
-            .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
-            .unwrap_or_default()
+    /// Host veths whose ingress runs `from_pod` in a tc filter, as bpftool lists them.
+    pub fn from_pod_filters(&self) -> Result<Vec<String>> {
+        let out = run_in(&self.node.name, "bpftool", &["-j", "net", "show"])?;
+        let net: Value = serde_json::from_slice(&out.stdout).context("bpftool net show -j")?;
+        let filters = net.get(0).and_then(|n| n["tc"].as_array()).cloned().unwrap_or_default();
+        Ok(filters
+            .iter()
+            .filter(|f| f["kind"] == "clsact/ingress" && f["name"] == "from_pod")
+            .filter_map(|f| f["devname"].as_str().map(String::from))
+            .collect())
     }
 
     /// Entries of a pinned map (0 once the network's pins are gone).

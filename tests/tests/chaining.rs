@@ -1,6 +1,8 @@
 //! ebpf-cni as the first plugin of a conflist, its result feeding the reference `portmap`,
 //! `bandwidth` and `tuning` plugins (Debian's, spec ≤ 1.0.0): ADD, CHECK and DEL of the whole
-//! chain, a host port reachable from outside, and nothing left afterwards.
+//! chain, a host port reachable from outside, and nothing left afterwards. A pod that asks for
+//! bandwidth limits fails ADD: `bandwidth` needs the host veth's ingress qdisc slot, which our
+//! clsact qdisc holds (and its shaping would miss the traffic the programs redirect anyway).
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ebpf_cni_tests::{
@@ -41,11 +43,6 @@ fn portmap_bandwidth_and_tuning_chain_after_ebpf_cni() {
     let mut sb = node.sandbox(web);
     sb.capability_args
         .insert("portMappings".into(), json!([{ "hostPort": 8080, "containerPort": 80, "protocol": "tcp" }]));
-    sb.capability_args.insert(
-        "bandwidth".into(),
-        json!({ "ingressRate": 1_000_000_000u64, "ingressBurst": 100_000_000u64,
-                "egressRate": 1_000_000_000u64, "egressBurst": 100_000_000u64 }),
-    );
     let result = rt.add(&list, &sb).unwrap();
     assert_eq!(result["cniVersion"], "1.0.0");
     let web_ip = result["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().to_string();
@@ -69,28 +66,39 @@ fn portmap_bandwidth_and_tuning_chain_after_ebpf_cni() {
     .unwrap();
     assert!(seen.starts_with("10.232.1."), "pod to pod: the server saw {seen}");
     served.join().unwrap().unwrap();
-    // bandwidth shaped the host veth (tbf), tuning set the pod's sysctl.
-    let host_veth = result["interfaces"][0]["name"].as_str().unwrap();
-    let qdiscs = run_in(&node.node.name, "tc", &["qdisc", "show", "dev", host_veth]).unwrap();
-    assert!(String::from_utf8_lossy(&qdiscs.stdout).contains("tbf"), "no bandwidth qdisc on {host_veth}");
+    // tuning set the pod's sysctl.
     let somaxconn = run_in(&web_ns, "sysctl", &["-n", "net.core.somaxconn"]).unwrap();
     assert_eq!(String::from_utf8_lossy(&somaxconn.stdout).trim(), "512");
 
     rt.del(&plain, &client_sb).unwrap();
     rt.del(&list, &sb).unwrap();
     assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
+
+    // Limits: bandwidth's ADD fails, the runtime's DEL of the chain leaves nothing.
+    let limited = node.new_pod().unwrap();
+    let mut sb = node.sandbox(limited);
+    sb.capability_args.insert(
+        "bandwidth".into(),
+        json!({ "ingressRate": 1_000_000_000u64, "ingressBurst": 100_000_000u64,
+                "egressRate": 1_000_000_000u64, "egressBurst": 100_000_000u64 }),
+    );
+    let err = rt.add(&list, &sb).unwrap_err().to_string();
+    assert!(err.contains("bandwidth") && err.contains("qdisc"), "{err}");
+    assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
     let rules = run_in(&node.node.name, "iptables-save", &[]).unwrap();
     assert!(!String::from_utf8_lossy(&rules.stdout).contains("8080"), "portmap's DNAT outlived DEL");
 }
 
-/// CHECK of every plugin with the cached result. Debian's portmap (1.1.1) fails CHECK for a
-/// pod without IPv6 by looking for an ip6tables chain it never made (containernetworking/
-/// plugins#819, fixed upstream later): that one failure is accepted, any other is not.
+/// CHECK of every plugin with the cached result. Two bugs of Debian's plugins (1.1.1) are
+/// accepted, nothing else: portmap fails CHECK for a pod without IPv6 by looking for an
+/// ip6tables chain it never made (containernetworking/plugins#819, fixed upstream later), and
+/// bandwidth dereferences a nil pointer in CHECK of a pod that asked for no limits.
 fn check_chain(rt: &Runtime, list: &NetworkList, sb: &Sandbox) {
     let cached = rt.cached(sb).expect("cached ADD result");
     for plugin in &list.plugins {
         let out = rt.invoke(list, plugin, "CHECK", Some(sb), &[("prevResult", cached.clone())]).unwrap();
-        let known_bug = plugin["type"] == "portmap" && out.stdout.contains("could not check ipv6 dnat");
-        assert!(out.success || known_bug, "CHECK of {}: {}", plugin["type"], out.stdout);
+        let known_bug = (plugin["type"] == "portmap" && out.stdout.contains("could not check ipv6 dnat"))
+            || (plugin["type"] == "bandwidth" && out.stderr.contains("nil pointer dereference"));
+        assert!(out.success || known_bug, "CHECK of {}: {} {}", plugin["type"], out.stdout, out.stderr);
     }
 }

@@ -29,13 +29,13 @@ fn check_names_what_is_wrong() {
         ),
         ("host route", |tb, _, ip, _| drop(run_in(&tb.node.name, "ip", &["route", "del", &format!("{ip}/32")])), "/32"),
         (
-            "link pin",
-            |tb, pod, _, _| {
-                drop(std::fs::remove_file(
-                    tb.version_dir().join("links").join(format!("{}-eth0", tb.pods[pod].container_id)),
-                ))
+            "tc filter",
+            |tb, _, _, _| {
+                for veth in tb.host_veths().unwrap() {
+                    run_in(&tb.node.name, "tc", &["filter", "del", "dev", &veth, "ingress"]).unwrap();
+                }
             },
-            "link pin",
+            "from_pod",
         ),
         (
             "endpoint entry",

@@ -28,7 +28,7 @@ fn killed_at(tb: &Testbed, pod: usize, command: &str, step: &str) {
 fn only_valid_left(tb: &Testbed, valid: &[usize], ips: &[String], when: &str) {
     assert_eq!(tb.host_veths().unwrap().len(), valid.len(), "{when}: veths");
     assert_eq!(tb.ip_files().len(), valid.len(), "{when}: IP files");
-    assert_eq!(tb.link_pins().len(), valid.len(), "{when}: link pins");
+    assert_eq!(tb.from_pod_filters().unwrap().len(), valid.len(), "{when}: from_pod filters");
     assert_eq!(tb.map_len("ENDPOINTS").unwrap(), valid.len(), "{when}: endpoints");
     assert!(tb.ping(&tb.pods[valid[0]].netns.name, &ips[1]), "{when}: valid pods lost connectivity");
 }
@@ -95,7 +95,8 @@ fn gc_after_a_killed_first_load_and_vanished_pods() {
     assert!(out.success, "{}", out.stdout);
     assert_eq!(tb.ip_files().len(), 1);
     assert_eq!(tb.map_len("ENDPOINTS").unwrap(), 1);
-    assert_eq!(tb.link_pins(), vec![format!("{}-eth0", sb_a.container_id)]);
+    assert_eq!(tb.from_pod_filters().unwrap(), tb.host_veths().unwrap());
+    assert_eq!(tb.host_veths().unwrap().len(), 1);
     tb.del(a).unwrap();
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }

@@ -1,5 +1,5 @@
 //! A network's datapath in the kernel: programs and maps loaded and pinned once, then reused by
-//! every later ADD; endpoints and TCX links added and removed per attachment. Every operation
+//! every later ADD; endpoints and tc filters added and removed per attachment. Every operation
 //! runs under a node-wide lock (flock on the bpffs root) so concurrent ADDs load only once and a
 //! DEL never removes the pins an ADD is about to use.
 use std::{
@@ -12,7 +12,11 @@ use std::{
 
 use aya::{
     maps::{HashMap, Map, MapData},
-    programs::{LinkOrder, SchedClassifier, TcAttachType, links::FdLink, tc::TcAttachOptions},
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType,
+        links::FdLink,
+        tc::{self, NlOptions, TcAttachOptions},
+    },
 };
 use ebpf_common::{Endpoint, IpKey, names};
 use nix::fcntl::{Flock, FlockArg};
@@ -87,29 +91,33 @@ impl Datapath {
         Ok(keys.len())
     }
 
-    /// Attaches `from_pod` to the host veth's TCX ingress and pins the link (a TCX link lives
-    /// only as long as an fd or a pin holds it, and this process is about to exit).
-    pub fn attach(&self, host_ifname: &str, container_id: &str, ifname: &str) -> CniResult<()> {
-        let link_pin = self.pins.link(container_id, ifname);
-        remove_pin(&link_pin)?;
+    /// Attaches `from_pod` to the host veth's ingress as a direct-action cls_bpf filter under a
+    /// new clsact qdisc. Not TCX: every TCX attach waits for an RCU grace period (`synchronize_rcu`
+    /// in tcx_link_attach, about 10 ms on a small VM, more than the rest of ADD), and a filter on
+    /// a fresh qdisc does not. The filter belongs to the device: it outlives this process and
+    /// goes away with the veth, so DEL and GC need no pin for it.
+    pub fn attach(&self, host_ifname: &str) -> CniResult<()> {
         let mut program = SchedClassifier::from_pin(self.pins.program(names::FROM_POD))
             .cni(ErrorCode::DATAPATH, "cannot open pinned from_pod")?;
-        attach_pinned(&mut program, host_ifname, TcAttachType::Ingress, &link_pin)
+        tc::qdisc_add_clsact(host_ifname)
+            .cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {host_ifname}"))?;
+        let id = program
+            .attach_with_options(host_ifname, TcAttachType::Ingress, TcAttachOptions::Netlink(NlOptions::default()))
+            .cni(ErrorCode::DATAPATH, format!("cannot attach from_pod to {host_ifname}'s ingress"))?;
+        let link = program.take_link(id).cni(ErrorCode::INTERNAL, "attached filter vanished")?;
+        // Dropping the handle would delete the filter; it must stay as long as the veth does.
+        std::mem::forget(link);
+        Ok(())
     }
 
-    /// Unpins the attachment's link, which detaches it; a missing pin is fine.
-    pub fn detach(&self, container_id: &str, ifname: &str) -> CniResult<()> {
-        remove_pin(&self.pins.link(container_id, ifname))
-    }
-
-    /// Removes the network's pins when no endpoint and no link is left.
+    /// Removes the network's pins when no endpoint is left (every attachment has one per
+    /// address). Filters still running the programs keep them alive until their veths go.
     pub fn remove_if_unused(&self) -> CniResult<bool> {
         let endpoints_left = match self.endpoints()? {
             Some(map) => map.keys().next().is_some(),
             None => false,
         };
-        let links_left = fs::read_dir(self.pins.links_dir()).is_ok_and(|mut d| d.next().is_some());
-        if endpoints_left || links_left {
+        if endpoints_left {
             return Ok(false);
         }
         match fs::remove_dir_all(self.pins.network_dir()) {
@@ -147,15 +155,6 @@ pub fn on_bpffs_or_below(root: &Path) -> bool {
 
 fn on_bpffs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == libc::BPF_FS_MAGIC)
-}
-
-fn remove_pin(path: &Path) -> CniResult<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != ErrorKind::NotFound => {
-            Err(e).cni(ErrorCode::DATAPATH, format!("cannot unpin {}", path.display()))
-        }
-        _ => Ok(()),
-    }
 }
 
 pub(super) fn internal(msg: impl Into<String>) -> CniError {

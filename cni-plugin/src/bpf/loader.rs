@@ -31,7 +31,7 @@ impl Datapath {
         for dir in ["maps", "progs", "uplink"] {
             let _ = fs::remove_dir_all(self.pins.version_dir().join(dir));
         }
-        for dir in ["maps", "progs", "links", "uplink"] {
+        for dir in ["maps", "progs", "uplink"] {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)

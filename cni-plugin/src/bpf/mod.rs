@@ -8,5 +8,4 @@ mod settings;
 
 pub use audit::Expected;
 pub use datapath::{Datapath, on_bpffs_or_below};
-pub use pins::link_name;
 pub use settings::Settings;

@@ -1,5 +1,5 @@
 //! Where a network's objects live in bpffs:
-//! `<root>/<network>/v<N>/{progs,maps,links,uplink}/…`, `N` being the pinned layout version, so a
+//! `<root>/<network>/v<N>/{progs,maps,uplink}/…`, `N` being the pinned layout version, so a
 //! plugin upgrade with a new map layout never opens pins of the old one.
 use std::path::{Path, PathBuf};
 
@@ -32,15 +32,6 @@ impl Pins {
     pub fn map(&self, name: &str) -> PathBuf {
         self.version_dir.join("maps").join(name)
     }
-
-    pub fn links_dir(&self) -> PathBuf {
-        self.version_dir.join("links")
-    }
-
-    /// One TCX link per attachment; its name is unique because container ID + ifname are.
-    pub fn link(&self, container_id: &str, ifname: &str) -> PathBuf {
-        self.links_dir().join(link_name(container_id, ifname))
-    }
 }
 
 impl Pins {
@@ -48,9 +39,4 @@ impl Pins {
     pub fn uplink_link(&self, program: &str) -> PathBuf {
         self.version_dir.join("uplink").join(program)
     }
-}
-
-/// The file name of an attachment's link pin.
-pub fn link_name(container_id: &str, ifname: &str) -> String {
-    format!("{container_id}-{ifname}")
 }

@@ -1,4 +1,4 @@
-//! ADD: address, veth pair, pod addresses and routes, host route, endpoint entry, TCX link.
+//! ADD: address, veth pair, pod addresses and routes, host route, endpoint entry, tc filter.
 //! Nothing is touched before the checks that can fail cheaply; after that, any failure runs the
 //! same teardown as DEL, which is scoped to this attachment and so cannot hurt anyone else's.
 use std::net::{IpAddr, Ipv4Addr};
@@ -128,7 +128,7 @@ impl Setup<'_> {
         fault::point("add:after-load");
         datapath.add_endpoints(&ips, endpoint)?;
         fault::point("add:after-endpoints");
-        datapath.attach(&host_ifname, &self.env.container_id, &self.env.ifname)?;
+        datapath.attach(&host_ifname)?;
         fault::point("add:after-attach");
         Ok(AddResult {
             interfaces: vec![

@@ -72,14 +72,15 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
             return Err(differs(format!("the node has no route {ip}/32 dev {host_ifname}")));
         }
     }
+    let ingress_programs =
+        node.ingress_bpf_programs(host_link.index).await.cni(ErrorCode::IO, "cannot list the host veth's filters")?;
     let datapath = Datapath::lock(&conf.bpffs_root(), &conf.name)?;
     datapath.check(&Expected {
-        container_id: &env.container_id,
-        ifname: &env.ifname,
         host_ifname: &host_ifname,
         host_ifindex: host_link.index,
         owner: attachment.cookie(),
         ips: &v4,
+        ingress_programs: &ingress_programs,
     })?;
     drop(datapath);
     Ipam::from_conf(conf, raw_conf)?.check(env, &v4)

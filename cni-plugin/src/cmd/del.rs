@@ -15,10 +15,9 @@ pub async fn del(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()>
     teardown(env, conf, &ipam, &node).await
 }
 
-/// The veth first: deleting it detaches the TCX link and drops the host route in the same
-/// RTNL section, so unpinning the link afterwards costs no second RTNL wait. A packet steered to
-/// the vanished veth in between is dropped and counted (redirect-failed). Then the endpoint
-/// entries and pins, then the addresses. Keeps going past a failed step; reports the first.
+/// The veth first: deleting it removes its tc filter and the host route with it. A packet
+/// steered to the vanished veth in between is dropped and counted (redirect-failed). Then the
+/// endpoint and NAT entries (and the network's pins after its last pod), then the addresses. Keeps going past a failed step; reports the first.
 pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink) -> CniResult<()> {
     let attachment = Attachment::new(&env.container_id, &env.ifname);
     let mut first_err =
@@ -27,7 +26,6 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink)
     let root = conf.bpffs_root();
     if root.exists() {
         let steps = Datapath::lock(&root, &conf.name).and_then(|dp| {
-            dp.detach(&env.container_id, &env.ifname)?;
             dp.remove_endpoints(attachment.cookie())?;
             dp.remove_nat(attachment.cookie())?;
             dp.remove_if_unused().map(drop)

@@ -1,12 +1,12 @@
 //! GC (spec 1.1): everything of this network that belongs to no attachment in
 //! `cni.dev/valid-attachments` goes: host veths (and with them the pod ends and /32 routes),
-//! link pins, endpoint and NAT entries, IP reservations, and the network's programs and maps
+//! endpoint and NAT entries, IP reservations, and the network's programs and maps
 //! once no endpoint is left. Keeps going past a failed step; reports the first failure.
 use std::collections::BTreeSet;
 
 use crate::{
     attachment::{self, ALIAS_PREFIX, Attachment},
-    bpf::{Datapath, link_name},
+    bpf::Datapath,
     cni::{CniError, CniResult, Context, ErrorCode, config::NetConf, env::CniEnv},
     ipam::{Holder, Ipam},
     net::netlink::Netlink,
@@ -61,10 +61,9 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
     let root = conf.bpffs_root();
     let mut collected = None;
     if root.exists() {
-        let links: BTreeSet<String> = valid.iter().map(|a| link_name(&a.container_id, &a.ifname)).collect();
         let owners: BTreeSet<u64> =
             valid.iter().map(|a| Attachment::new(&a.container_id, &a.ifname).cookie()).collect();
-        match Datapath::lock(&root, &conf.name).and_then(|dp| dp.collect_garbage(&links, &owners)) {
+        match Datapath::lock(&root, &conf.name).and_then(|dp| dp.collect_garbage(&owners)) {
             Ok(done) => collected = Some(done),
             Err(e) => drop(first_err.get_or_insert(e)),
         }
@@ -78,12 +77,11 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
     };
     let kernel = collected.unwrap_or_default();
     eprintln!(
-        "ebpf-cni: GC of {} kept {} attachments; removed {} veths, {} link pins, {} endpoints, {} NAT entries, \
+        "ebpf-cni: GC of {} kept {} attachments; removed {} veths, {} endpoints, {} NAT entries, \
          {released} IP reservations{}",
         conf.name,
         valid.len(),
         doomed.len(),
-        kernel.links,
         kernel.endpoints,
         kernel.nat_entries,
         if kernel.network_removed { ", and the network's programs and maps" } else { "" }

@@ -1,3 +1,4 @@
 //! Interfaces, addresses and routes (rtnetlink), and namespace switching.
 pub mod netlink;
 pub mod netns;
+mod unlink;

@@ -11,6 +11,7 @@ use rtnetlink::{
         address::{AddressAttribute, AddressHeaderFlags, AddressScope},
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
         route::{RouteAddress, RouteAttribute, RouteHeader, RouteScope},
+        tc::{TcAttribute, TcFilterBpfOption, TcOption},
     },
 };
 
@@ -119,15 +120,6 @@ impl Netlink {
     pub async fn set_up(&self, index: u32) -> Result<()> {
         let message = LinkUnspec::new_with_index(index).up().build();
         self.handle.link().set(message).execute().await.context("setting link up")
-    }
-
-    /// Deletes a link by name in one request; a link that does not exist is not an error.
-    pub async fn delete_link(&self, name: &str) -> Result<()> {
-        let message = LinkUnspec::new_with_name(name).build();
-        match self.handle.link().del_with_message(message).execute().await {
-            Err(e) if !is_not_found(&e) => Err(e).with_context(|| format!("deleting link {name}")),
-            _ => Ok(()),
-        }
     }
 
     pub async fn add_address(&self, index: u32, address: IpNetwork) -> Result<()> {
@@ -241,6 +233,22 @@ impl Netlink {
             }
         }
         Ok(found)
+    }
+
+    /// Ids of the BPF programs that the tc filters on the link's clsact ingress run.
+    pub async fn ingress_bpf_programs(&self, index: u32) -> Result<Vec<u32>> {
+        let mut filters = self.handle.traffic_filter(index as i32).get().ingress().execute();
+        let mut ids = Vec::new();
+        while let Some(msg) = filters.try_next().await.context("listing tc filters")? {
+            for attr in &msg.attributes {
+                let TcAttribute::Options(options) = attr else { continue };
+                ids.extend(options.iter().filter_map(|o| match o {
+                    TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => Some(*id),
+                    _ => None,
+                }));
+            }
+        }
+        Ok(ids)
     }
 
     pub async fn link_name(&self, index: u32) -> Result<Option<String>> {

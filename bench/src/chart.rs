@@ -1,0 +1,77 @@
+//! The run as one SVG: a row per figure, a bar per path scaled to the row's largest value, the
+//! median printed at the end of each bar, and which way is better beside the figure's name.
+use std::fmt::Write as _;
+
+use crate::{
+    report::{Better, Figure, number},
+    topology::Path,
+};
+
+const LABEL_W: usize = 360;
+const BAR_W: f64 = 420.0;
+const BAR_H: usize = 13;
+const WIDTH: usize = LABEL_W + BAR_W as usize + 90;
+
+fn colour(path: Path) -> &'static str {
+    match path {
+        Path::EbpfCni => "#2563eb",
+        Path::Bridge => "#ea580c",
+        Path::BareVeth => "#6b7280",
+        Path::Loopback => "#c4c8ce",
+    }
+}
+
+pub fn svg(title: &str, figures: &[Figure]) -> String {
+    let mut body = String::new();
+    let mut y = 60;
+    for f in figures {
+        let paths: Vec<(Path, f64)> = Path::ALL.iter().filter_map(|p| Some((*p, f.median(*p)?))).collect();
+        let max = paths.iter().map(|(_, v)| *v).fold(0.0, f64::max);
+        let height = paths.len() * (BAR_H + 2) + 14;
+        let better = if f.better == Better::Higher { "higher is better" } else { "lower is better" };
+        let _ = write!(
+            body,
+            r##"<text x="8" y="{}" font-size="12">{} · {} ({})</text><text x="8" y="{}" font-size="10" fill="#555">{better}</text>"##,
+            y + 12,
+            escape(f.section),
+            escape(&f.name),
+            escape(f.unit),
+            y + 25
+        );
+        for (i, (path, value)) in paths.iter().enumerate() {
+            let top = y + i * (BAR_H + 2);
+            let w = if max > 0.0 { (value / max * BAR_W).max(1.0) } else { 1.0 };
+            let _ = write!(
+                body,
+                r##"<rect x="{LABEL_W}" y="{top}" width="{w:.1}" height="{BAR_H}" fill="{}"/><text x="{:.1}" y="{}" font-size="10">{}</text>"##,
+                colour(*path),
+                LABEL_W as f64 + w + 4.0,
+                top + BAR_H - 2,
+                number(*value)
+            );
+        }
+        let _ = write!(body, r##"<line x1="8" x2="{WIDTH}" y1="{0}" y2="{0}" stroke="#e5e7eb"/>"##, y + height - 6);
+        y += height;
+    }
+    let mut legend = String::new();
+    for (i, path) in Path::ALL.iter().enumerate() {
+        let x = LABEL_W + i * 110;
+        let _ = write!(
+            legend,
+            r##"<rect x="{x}" y="30" width="12" height="12" fill="{}"/><text x="{}" y="40" font-size="11">{}</text>"##,
+            colour(*path),
+            x + 16,
+            path.name()
+        );
+    }
+    format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{}" font-family="sans-serif"><rect width="100%" height="100%" fill="white"/><text x="8" y="20" font-size="15" font-weight="bold">{}</text>{legend}{body}</svg>
+"##,
+        y + 10,
+        escape(title)
+    )
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}

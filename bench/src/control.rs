@@ -1,0 +1,113 @@
+//! Control plane: wall time of ADD and DEL as a runtime sees it (exec to exit), with 0, 100
+//! and 500 pods already on the node, and the node's iptables ruleset at each level. Each
+//! plugin has its own node; at every level the plugins take turns, round by round, adding a
+//! batch of pods and deleting it again, so the level holds while it is measured.
+use anyhow::{Result, ensure};
+use ebpf_cni_tests::{Plugin, Testbed, run_in};
+use serde_json::Value;
+
+use crate::{
+    Settings,
+    report::{Better::*, Figure},
+    stats::Samples,
+    topology::{self, Path},
+};
+
+const SECTION: &str = "control plane";
+
+struct Node {
+    path: Path,
+    tb: Testbed,
+    conf: Value,
+}
+
+impl Node {
+    fn new(path: Path, ours: &Plugin) -> Result<Self> {
+        let tag = if path == Path::EbpfCni { "cpe" } else { "cpb" };
+        let tb = Testbed::with_plugin(tag, "10.244.0.0/16", path.plugin(ours))?;
+        let conf = path.conf(&tb);
+        Ok(Self { path, tb, conf })
+    }
+
+    /// ADDs one new pod; returns its index and the wall time in ms.
+    fn add(&mut self) -> Result<(usize, f64)> {
+        let pod = self.tb.new_pod()?;
+        let out = self.tb.cni("ADD", pod, &self.conf)?;
+        ensure!(out.success, "{} ADD failed: {}", self.path.name(), out.stdout);
+        Ok((pod, out.elapsed.as_secs_f64() * 1e3))
+    }
+
+    fn del(&self, pod: usize) -> Result<f64> {
+        let out = self.tb.cni("DEL", pod, &self.conf)?;
+        ensure!(out.success, "{} DEL failed: {}", self.path.name(), out.stdout);
+        Ok(out.elapsed.as_secs_f64() * 1e3)
+    }
+
+    /// Lines of `iptables-save` in the node (rules, chains and table headers).
+    fn iptables_lines(&self) -> Result<f64> {
+        let out = run_in(&self.tb.node.name, "iptables-save", &[])?;
+        Ok(String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with('#')).count() as f64)
+    }
+}
+
+pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
+    let mut nodes = [Node::new(Path::EbpfCni, ours)?, Node::new(Path::Bridge, ours)?];
+    let mut figures = Vec::new();
+    let mut add_p50_by_level = Vec::new();
+    for &level in &s.pod_levels {
+        for node in &mut nodes {
+            while node.tb.pods.len() < level {
+                node.add()?;
+            }
+        }
+        let bridge = Some(Path::Bridge);
+        let mut add = Figure::new(SECTION, format!("ADD p50, {level} pods"), "ms", Lower).target(bridge, 0.4);
+        let mut add99 = Figure::new(SECTION, format!("ADD p99, {level} pods"), "ms", Lower).pooled_p99();
+        let mut del = Figure::new(SECTION, format!("DEL p50, {level} pods"), "ms", Lower).target(bridge, 0.2);
+        let mut del99 = Figure::new(SECTION, format!("DEL p99, {level} pods"), "ms", Lower).pooled_p99();
+        let mut rules = Figure::new(SECTION, format!("iptables-save lines, {level} pods"), "lines", Lower);
+        for round in 0..s.rounds {
+            for path in topology::rotated(Path::PLUGINS, round) {
+                let node = nodes.iter_mut().find(|n| n.path == path).expect("a node per plugin");
+                if round == 0 {
+                    rules.record(path, node.iptables_lines()?);
+                }
+                let (mut adds, mut dels) = (Samples::default(), Samples::default());
+                let mut batch = Vec::new();
+                for _ in 0..s.batch {
+                    let (pod, ms) = node.add()?;
+                    batch.push(pod);
+                    adds.push(ms);
+                    add99.record(path, ms);
+                }
+                for pod in batch {
+                    let ms = node.del(pod)?;
+                    dels.push(ms);
+                    del99.record(path, ms);
+                }
+                eprintln!(
+                    "control {level:3} pods round {round} {:8}: ADD p50 {:.1} ms, DEL p50 {:.1} ms",
+                    path.name(),
+                    adds.median(),
+                    dels.median()
+                );
+                add.record(path, adds.median());
+                del.record(path, dels.median());
+            }
+        }
+        add_p50_by_level.push(add.values.iter().map(|(p, s)| (*p, s.median())).collect::<Vec<_>>());
+        figures.extend([add, add99, del, del99, rules]);
+    }
+    // Flat: ADD p50 at the highest level over ADD p50 with no pod.
+    if let (Some(first), Some(last), Some(top)) =
+        (add_p50_by_level.first(), add_p50_by_level.last(), s.pod_levels.last())
+    {
+        let mut flat = Figure::new(SECTION, format!("ADD p50 at {top} pods ÷ at {} pods", s.pod_levels[0]), "×", Lower)
+            .target(None, 1.1);
+        for ((path, at_first), (_, at_last)) in first.iter().zip(last) {
+            flat.record(*path, at_last / at_first);
+        }
+        figures.push(flat);
+    }
+    Ok(figures)
+}
