@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 use ebpf_cni_tests::traffic::{in_netns, tcp_listener};
 
 pub fn per_second(client_ns: &str, server_ns: &str, server: SocketAddrV4, seconds: u32) -> Result<f64> {
+    crate::cpu::wait_idle()?;
     let listener = tcp_listener(server_ns, server)?;
     let stop = Arc::new(AtomicBool::new(false));
     let serving = {

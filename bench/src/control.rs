@@ -19,6 +19,8 @@ struct Node {
     path: Path,
     tb: Testbed,
     conf: Value,
+    /// Pods attached now (`tb.pods` also holds the deleted ones' namespaces).
+    attached: usize,
 }
 
 impl Node {
@@ -26,7 +28,7 @@ impl Node {
         let tag = if path == Path::EbpfCni { "cpe" } else { "cpb" };
         let tb = Testbed::with_plugin(tag, "10.244.0.0/16", path.plugin(ours))?;
         let conf = path.conf(&tb);
-        Ok(Self { path, tb, conf })
+        Ok(Self { path, tb, conf, attached: 0 })
     }
 
     /// ADDs one new pod; returns its index and the wall time in ms.
@@ -34,12 +36,14 @@ impl Node {
         let pod = self.tb.new_pod()?;
         let out = self.tb.cni("ADD", pod, &self.conf)?;
         ensure!(out.success, "{} ADD failed: {}", self.path.name(), out.stdout);
+        self.attached += 1;
         Ok((pod, out.elapsed.as_secs_f64() * 1e3))
     }
 
-    fn del(&self, pod: usize) -> Result<f64> {
+    fn del(&mut self, pod: usize) -> Result<f64> {
         let out = self.tb.cni("DEL", pod, &self.conf)?;
         ensure!(out.success, "{} DEL failed: {}", self.path.name(), out.stdout);
+        self.attached -= 1;
         Ok(out.elapsed.as_secs_f64() * 1e3)
     }
 
@@ -56,7 +60,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
     let mut add_p50_by_level = Vec::new();
     for &level in &s.pod_levels {
         for node in &mut nodes {
-            while node.tb.pods.len() < level {
+            while node.attached < level {
                 node.add()?;
             }
         }
@@ -72,6 +76,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                 if round == 0 {
                     rules.record(path, node.iptables_lines()?);
                 }
+                crate::cpu::wait_idle()?;
                 let (mut adds, mut dels) = (Samples::default(), Samples::default());
                 let mut batch = Vec::new();
                 for _ in 0..s.batch {

@@ -32,6 +32,7 @@ pub fn tcp(pair: &Pair, seconds: u32, streams: u32, at: Placement, reverse: bool
     if reverse {
         args.push("-R".into());
     }
+    cpu::wait_idle()?;
     let busy = cpu::busy_seconds()?;
     let report = run(pair, seconds, at, &args)?;
     let busy = cpu::busy_seconds()? - busy;
@@ -49,6 +50,7 @@ pub fn tcp(pair: &Pair, seconds: u32, streams: u32, at: Placement, reverse: bool
 /// UDP at full speed (`-b 0`) with `size`-byte datagrams.
 pub fn udp(pair: &Pair, seconds: u32, size: u32, at: Placement) -> Result<Udp> {
     let args = ["-u".to_string(), "-b".into(), "0".into(), "-l".into(), size.to_string()];
+    cpu::wait_idle()?;
     let report = run(pair, seconds, at, &args)?;
     let sum = &report["end"]["sum"];
     let packets = sum["packets"].as_f64().context("no packets")?;

@@ -25,6 +25,7 @@ pub fn ping_pong(pair: &Pair, protocol: Protocol, seconds: u32, cpu: usize) -> R
         Protocol::Tcp => &["--tcp"],
         Protocol::Udp => &[],
     };
+    crate::cpu::wait_idle()?;
     let mut server = vec!["sr", "-i", &pair.server_ip, "-p", PORT];
     server.extend(tcp);
     let _server = Background::spawn_in(&pair.server_ns, Some(cpu), "sockperf", &server)?;

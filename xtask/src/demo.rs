@@ -128,7 +128,7 @@ fn check_status_gc(node: &Testbed, results: &[Value]) -> Result<()> {
         conf["prevResult"] = result.clone();
         let out = node.cni("CHECK", pod, &conf)?;
         ensure!(out.success, "CHECK failed: {}", out.stdout);
-        println!("CHECK pod {}: ok (interfaces, addresses, routes, link, program, endpoint, reservation)", pod);
+        println!("CHECK pod {}: ok (interfaces, addresses, routes, tc filter, program, endpoint, reservation)", pod);
     }
     let out =
         node.cni_raw(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")], &node.conf("1.1.0").to_string())?;

@@ -22,7 +22,8 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Run every test, the privileged namespace/eBPF ones included (needs root).
+    /// Run every test, the privileged namespace/eBPF ones included (needs root), then the
+    /// benchmarks in smoke mode (every figure produced, seconds per section).
     Test,
     /// Three pods on a throwaway node: ADD, ping, iperf3, bpftool, DEL, nothing left.
     Demo,
@@ -44,7 +45,9 @@ fn main() -> Result<()> {
             setup::run()?;
             let plugin = cmd::build_plugin(false)?;
             cmd::cargo(&["fmt", "--all", "--", "--check"])?;
-            cmd::cargo_with_env(&["test", "--no-fail-fast"], &[("EBPF_CNI_BIN", plugin.as_os_str())])
+            let env = [("EBPF_CNI_BIN", plugin.as_os_str())];
+            cmd::cargo_with_env(&["test", "--no-fail-fast"], &env)?;
+            cmd::cargo_with_env(&["run", "--quiet", "--package", "bench", "--", "--smoke"], &env)
         }
         Task::Demo => {
             setup::run()?;

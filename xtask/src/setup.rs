@@ -12,13 +12,14 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Tools the tests, the demo and the benchmarks call: ip, ping, nsenter/mount, sysctl, bpftool,
 /// iperf3, the reference plugins (`bridge` to compare with, `static` as a delegated IPAM
 /// plugin), and iptables/nft (bridge's ipMasq needs iptables; tests show our node has no rules).
-const PACKAGES: [&str; 9] = [
+const PACKAGES: [&str; 10] = [
     "iproute2",
     "iputils-ping",
     "util-linux",
     "procps",
     "bpftool",
     "iperf3",
+    "sockperf",
     "containernetworking-plugins",
     "iptables",
     "nftables",
