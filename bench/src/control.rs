@@ -109,8 +109,10 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
     {
         let mut flat = Figure::new(SECTION, format!("ADD p50 at {top} pods ÷ at {} pods", s.pod_levels[0]), "×", Lower)
             .target(None, 1.1);
-        for ((path, at_first), (_, at_last)) in first.iter().zip(last) {
-            flat.record(*path, at_last / at_first);
+        for (path, at_first) in first {
+            if let Some((_, at_last)) = last.iter().find(|(p, _)| p == path) {
+                flat.record(*path, at_last / at_first);
+            }
         }
         figures.push(flat);
     }

@@ -17,7 +17,8 @@ pub async fn del(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()>
 
 /// The veth first: deleting it removes its tc filter and the host route with it. A packet
 /// steered to the vanished veth in between is dropped and counted (redirect-failed). Then the
-/// endpoint and NAT entries (and the network's pins after its last pod), then the addresses. Keeps going past a failed step; reports the first.
+/// endpoint and NAT entries (and the network's pins after its last pod), then the addresses.
+/// Keeps going past a failed step; reports the first.
 pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink) -> CniResult<()> {
     let attachment = Attachment::new(&env.container_id, &env.ifname);
     let mut first_err =
