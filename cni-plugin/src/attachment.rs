@@ -1,6 +1,16 @@
 //! One attachment = one (container ID, interface name) pair, as CNI 1.1 defines it. Everything
 //! we create for it is named from that pair, so DEL and GC find it again without any other state.
+use std::{
+    os::{linux::net::SocketAddrExt as _, unix::net::UnixListener},
+    time::{Duration, Instant},
+};
+
 use sha2::{Digest, Sha256};
+
+use crate::cni::{CniError, CniResult, ErrorCode};
+
+/// How long a verb waits for another verb on the same attachment before giving up.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// Host-side veth names start with this, so an operator can tell ours apart (`ip link`).
 const HOST_PREFIX: &str = "ecni";
@@ -42,10 +52,42 @@ impl Attachment {
         format!("{HOST_PREFIX}{}", &hex[..15 - HOST_PREFIX.len()])
     }
 
+    /// Waits until no other ADD, DEL or CHECK of this attachment runs, then holds it off until
+    /// the guard drops. The lock is an abstract unix socket name in the node's network
+    /// namespace: the kernel frees it when the holder exits, crashed or not, and it leaves no
+    /// file behind. Runtimes do not normally overlap verbs of one attachment, but a DEL racing
+    /// a slow ADD must not leave half of each.
+    pub fn lock(&self) -> CniResult<AttachmentLock> {
+        let name = format!("ebpf-cni/attachment/{}", self.host_ifname());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(|e| CniError::new(ErrorCode::INTERNAL, "bad lock name").with_details(e))?;
+        let started = Instant::now();
+        loop {
+            match UnixListener::bind_addr(&addr) {
+                Ok(socket) => return Ok(AttachmentLock { _socket: socket }),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => {
+                    return Err(CniError::new(
+                        ErrorCode::TRY_AGAIN_LATER,
+                        format!("another call on this attachment has run for over {LOCK_WAIT:?}"),
+                    )
+                    .with_details(e));
+                }
+            }
+        }
+    }
+
     /// Owner tag stored in map entries.
     pub fn cookie(&self) -> u64 {
         u64::from_le_bytes(self.digest[..8].try_into().expect("8 bytes"))
     }
+}
+
+/// Held while a verb works on one attachment; see [`Attachment::lock`].
+pub struct AttachmentLock {
+    _socket: UnixListener,
 }
 
 #[cfg(test)]
@@ -59,6 +101,20 @@ mod tests {
         assert_eq!(a.host_ifname(), Attachment::new("abc", "eth0").host_ifname());
         assert_ne!(a.host_ifname(), Attachment::new("abc", "eth1").host_ifname());
         assert_ne!(a.cookie(), Attachment::new("abd", "eth0").cookie());
+    }
+
+    #[test]
+    fn one_holder_per_attachment() {
+        let a = Attachment::new(&format!("lock-test-{}", std::process::id()), "eth0");
+        let held = a.lock().unwrap();
+        let waiter = std::thread::spawn(move || {
+            let started = Instant::now();
+            let _second = a.lock().unwrap();
+            started.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        assert!(waiter.join().unwrap() >= Duration::from_millis(45));
     }
 
     #[test]

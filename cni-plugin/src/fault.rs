@@ -1,6 +1,7 @@
-//! Crash injection for tests: a debug build killed with SIGKILL at a named step shows what a
-//! crashed ADD or DEL leaves behind, so that tests can prove DEL and GC clean it up. Release
-//! builds compile this to nothing.
+//! Test hooks, compiled only into debug builds (release builds compile them to nothing):
+//! crash injection (a process killed with SIGKILL at a named step shows what a crashed ADD or
+//! DEL leaves behind, so that tests can prove DEL and GC clean it up), and a count of the
+//! descriptors still open when a verb is done (churn tests assert it never grows).
 
 /// The variable naming the step to die at, e.g. `add:after-veth`.
 #[cfg(debug_assertions)]
@@ -14,4 +15,14 @@ pub fn point(step: &str) {
     }
     #[cfg(not(debug_assertions))]
     let _ = step;
+}
+
+/// Prints `ebpf-cni: open fds at exit: N` on stderr when `EBPF_CNI_REPORT_FDS` is set.
+pub fn report_open_fds() {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("EBPF_CNI_REPORT_FDS").is_some() {
+        // The listing's own descriptor is one of the entries.
+        let open = std::fs::read_dir("/proc/self/fd").map(|d| d.count().saturating_sub(1)).unwrap_or(0);
+        eprintln!("ebpf-cni: open fds at exit: {open}");
+    }
 }

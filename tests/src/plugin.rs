@@ -23,6 +23,8 @@ pub struct CniOutput {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// The process's peak resident set size (`ru_maxrss` from wait4), KiB.
+    pub peak_rss_kib: u64,
 }
 
 impl CniOutput {
@@ -86,12 +88,41 @@ pub fn exec_binary(binary: &Path, node_netns: &str, env: &[(&str, &str)], stdin:
         .spawn()
         .with_context(|| format!("spawning {}", binary.display()))?;
     child.stdin.take().context("stdin")?.write_all(stdin.as_bytes())?;
-    let out = child.wait_with_output()?;
+    let mut stderr_pipe = child.stderr.take().context("stderr")?;
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr_pipe, &mut text);
+        text
+    });
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().context("stdout")?, &mut stdout)?;
+    let stderr = stderr_reader.join().map_err(|_| anyhow::anyhow!("stderr reader panicked"))?;
+    let (status, peak_rss_kib) = wait_with_rusage(child.id())?;
     Ok(CniOutput {
-        success: out.status.success(),
-        killed_by: out.status.signal(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        success: status.success(),
+        killed_by: status.signal(),
+        stdout,
+        stderr,
         elapsed: started.elapsed(),
+        peak_rss_kib,
     })
+}
+
+/// Reaps the child with wait4, which also reports its peak RSS (std's wait does not).
+fn wait_with_rusage(pid: u32) -> Result<(std::process::ExitStatus, u64)> {
+    let mut status = 0;
+    // SAFETY: rusage is plain data that the kernel fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `pid` is our child, not yet reaped; both pointers are valid for the call.
+        let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
+        if reaped >= 0 {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).context("wait4");
+        }
+    }
+    Ok((std::process::ExitStatus::from_raw(status), usage.ru_maxrss.max(0) as u64))
 }

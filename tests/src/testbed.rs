@@ -146,13 +146,18 @@ impl Testbed {
 
     /// Host veths whose ingress runs `from_pod` in a tc filter, as bpftool lists them.
     pub fn from_pod_filters(&self) -> Result<Vec<String>> {
+        Ok(self.from_pod_filter_programs()?.into_iter().map(|(dev, _)| dev).collect())
+    }
+
+    /// Each `from_pod` filter's device and program id (one id: the program was loaded once).
+    pub fn from_pod_filter_programs(&self) -> Result<Vec<(String, u64)>> {
         let out = run_in(&self.node.name, "bpftool", &["-j", "net", "show"])?;
         let net: Value = serde_json::from_slice(&out.stdout).context("bpftool net show -j")?;
         let filters = net.get(0).and_then(|n| n["tc"].as_array()).cloned().unwrap_or_default();
         Ok(filters
             .iter()
             .filter(|f| f["kind"] == "clsact/ingress" && f["name"] == "from_pod")
-            .filter_map(|f| f["devname"].as_str().map(String::from))
+            .filter_map(|f| Some((f["devname"].as_str()?.to_string(), f["id"].as_u64()?)))
             .collect())
     }
 

@@ -4,7 +4,7 @@
 use std::{
     fs::File,
     io::{Read, Write},
-    net::{SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     time::Duration,
 };
 
@@ -106,4 +106,48 @@ pub fn next_echo_request_source(socket: &Socket) -> Result<std::net::Ipv4Addr> {
             return Ok(std::net::Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]));
         }
     }
+}
+
+/// Which ordered pairs of `pods` (namespace, address) cannot exchange a UDP datagram: every pod
+/// binds one socket, sends one datagram to every other pod, and each socket reports the sources
+/// it heard. Missing pairs are retried once (the first datagrams may wait on ARP). Empty when
+/// every pod reaches every other.
+pub fn unreachable_pairs(pods: &[(String, Ipv4Addr)], port: u16) -> Result<Vec<(Ipv4Addr, Ipv4Addr)>> {
+    let sockets: Vec<UdpSocket> = pods
+        .iter()
+        .map(|(netns, ip)| {
+            let socket = udp_socket(netns, SocketAddrV4::new(*ip, port))?;
+            socket.set_nonblocking(true)?;
+            Ok(socket)
+        })
+        .collect::<Result<_>>()?;
+    let mut missing: Vec<(usize, usize)> =
+        (0..pods.len()).flat_map(|a| (0..pods.len()).filter(move |b| *b != a).map(move |b| (a, b))).collect();
+    let mut heard = std::collections::HashSet::new();
+    let drain = |heard: &mut std::collections::HashSet<(usize, usize)>| {
+        for (to, socket) in sockets.iter().enumerate() {
+            let mut buf = [0u8; 16];
+            while let Ok((_, SocketAddr::V4(src))) = socket.recv_from(&mut buf) {
+                if let Some(from) = pods.iter().position(|(_, ip)| *ip == *src.ip()) {
+                    heard.insert((from, to));
+                }
+            }
+        }
+    };
+    for _attempt in 0..2 {
+        // One sender at a time, then every queue drained: a socket's receive buffer holds only
+        // a few dozen datagrams.
+        for (from, socket) in sockets.iter().enumerate() {
+            for (_, to) in missing.iter().filter(|(f, _)| *f == from) {
+                socket.send_to(b"hello", SocketAddrV4::new(pods[*to].1, port))?;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            drain(&mut heard);
+        }
+        // Delivery is sub-millisecond; the wait covers ARP and a busy machine.
+        std::thread::sleep(Duration::from_millis(300));
+        drain(&mut heard);
+        missing.retain(|pair| !heard.contains(pair));
+    }
+    Ok(missing.into_iter().map(|(a, b)| (pods[a].1, pods[b].1)).collect())
 }

@@ -6,12 +6,12 @@ use std::{
     fs::{self, DirBuilder, File},
     io::ErrorKind,
     net::Ipv4Addr,
-    os::unix::fs::DirBuilderExt as _,
+    os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
     path::Path,
 };
 
 use aya::{
-    maps::{HashMap, Map, MapData},
+    maps::{HashMap, Map, MapData, MapError},
     programs::{
         LinkOrder, SchedClassifier, TcAttachType,
         links::FdLink,
@@ -43,6 +43,10 @@ impl Datapath {
             .mode(0o700)
             .create(root)
             .cni(ErrorCode::DATAPATH, format!("cannot create {}", root.display()))?;
+        // Pinned maps steer every pod's traffic: nobody but root may even list them, whoever
+        // created the directory.
+        fs::set_permissions(root, fs::Permissions::from_mode(0o700))
+            .cni(ErrorCode::DATAPATH, format!("cannot restrict {} to root", root.display()))?;
         let dir = File::open(root).cni(ErrorCode::DATAPATH, "cannot open bpffs root")?;
         let lock = Flock::lock(dir, FlockArg::LockExclusive)
             .map_err(|(_, errno)| errno)
@@ -65,12 +69,22 @@ impl Datapath {
         HashMap::try_from(map).map(Some).cni(ErrorCode::DATAPATH, "pinned ENDPOINTS has another layout")
     }
 
-    /// Inserts the attachment's endpoints (one per pod address), opening the map once.
+    /// Inserts the attachment's endpoints (one per pod address), opening the map once. A full
+    /// map is its own error: the node has more pods than `ENDPOINTS` was sized for.
     pub fn add_endpoints(&self, ips: &[Ipv4Addr], endpoint: Endpoint) -> CniResult<()> {
         let mut map = self.endpoints()?.ok_or_else(|| internal("ENDPOINTS is not pinned"))?;
         for ip in ips {
-            map.insert(IpKey::v4(ip.octets()), endpoint, 0)
-                .cni(ErrorCode::DATAPATH, format!("cannot add endpoint {ip} (map full?)"))?;
+            match map.insert(IpKey::v4(ip.octets()), endpoint, 0) {
+                Ok(()) => {}
+                Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {
+                    return Err(CniError::new(
+                        ErrorCode::DATAPATH_FULL,
+                        format!("ENDPOINTS is full ({} entries): no room for {ip}", ebpf_common::ENDPOINTS_MAX_ENTRIES),
+                    )
+                    .with_details("every address of every pod on this node has an entry; delete pods first"));
+                }
+                Err(e) => return Err(e).cni(ErrorCode::DATAPATH, format!("cannot add endpoint {ip}")),
+            }
         }
         Ok(())
     }
@@ -110,8 +124,8 @@ impl Datapath {
         Ok(())
     }
 
-    /// Removes the network's pins when no endpoint is left (every attachment has one per
-    /// address). Filters still running the programs keep them alive until their veths go.
+    /// Removes the network's pins of this layout when no endpoint is left (every attachment
+    /// has one per address). Filters still running the programs keep them alive until their veths go.
     pub fn remove_if_unused(&self) -> CniResult<bool> {
         let endpoints_left = match self.endpoints()? {
             Some(map) => map.keys().next().is_some(),
@@ -120,10 +134,15 @@ impl Datapath {
         if endpoints_left {
             return Ok(false);
         }
-        match fs::remove_dir_all(self.pins.network_dir()) {
-            Err(e) if e.kind() != ErrorKind::NotFound => Err(e).cni(ErrorCode::DATAPATH, "cannot remove network pins"),
-            _ => Ok(true),
+        match fs::remove_dir_all(self.pins.version_dir()) {
+            Err(e) if e.kind() != ErrorKind::NotFound => {
+                return Err(e).cni(ErrorCode::DATAPATH, "cannot remove network pins");
+            }
+            _ => {}
         }
+        // The network's directory goes too unless another layout's pins are still in it.
+        let _ = fs::remove_dir(self.pins.network_dir());
+        Ok(true)
     }
 }
 

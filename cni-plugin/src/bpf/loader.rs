@@ -24,6 +24,7 @@ const MAPS: [&str; 4] = [names::ENDPOINTS, names::METRICS, names::NAT, names::SE
 impl Datapath {
     /// Loads and pins the programs and maps unless an earlier ADD already did.
     pub fn ensure_loaded(&self, settings: &Settings) -> CniResult<()> {
+        self.refuse_other_layouts()?;
         if self.is_loaded() {
             return self.check_settings(&settings.config);
         }
@@ -61,6 +62,28 @@ impl Datapath {
             classifier(&mut ebpf, name)?
                 .pin(self.pins.program(name))
                 .cni(ErrorCode::DATAPATH, format!("cannot pin {name}"))?;
+        }
+        Ok(())
+    }
+
+    /// Pins of another layout version belong to pods of another ebpf-cni build: their programs
+    /// read maps we cannot share, so pods of both would not reach each other. Refused until an
+    /// operator has moved those pods (or removed the directory).
+    fn refuse_other_layouts(&self) -> CniResult<()> {
+        let Ok(entries) = fs::read_dir(self.pins.network_dir()) else { return Ok(()) };
+        let ours = self.pins.version_dir().file_name();
+        for entry in entries.flatten() {
+            if Some(entry.file_name().as_os_str()) != ours {
+                return Err(CniError::new(
+                    ErrorCode::DATAPATH,
+                    format!("{} holds pins of another ebpf-cni layout", entry.path().display()),
+                )
+                .with_details(format!(
+                    "this build pins layout v{}; delete the pods created by the other build (or remove \
+                     that directory once none is left), then retry",
+                    ebpf_common::PIN_LAYOUT_VERSION
+                )));
+            }
         }
         Ok(())
     }

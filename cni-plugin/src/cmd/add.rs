@@ -103,10 +103,15 @@ impl Setup<'_> {
         self.node.set_up(host.index).await.cni(ErrorCode::IO, "cannot set host veth up")?;
         self.pod.set_up(pod.index).await.cni(ErrorCode::IO, "cannot set pod interface up")?;
         for ip in &allocation.ips {
-            self.pod.add_address(pod.index, ip.address).await.cni(ErrorCode::IO, "cannot address the pod")?;
+            // With a gateway, the subnet is routed through it (see `on_link_routes`).
+            let prefix_route = ip.gateway.is_none();
+            self.pod
+                .add_address(pod.index, ip.address, prefix_route)
+                .await
+                .cni(ErrorCode::IO, "cannot address the pod")?;
         }
         let routes = pod_routes(&allocation);
-        for route in &routes {
+        for route in on_link_routes(&allocation, &routes).iter().chain(&routes) {
             self.pod.add_route(route.dst, route.gw, pod.index).await.cni(ErrorCode::IO, "cannot route in the pod")?;
         }
         for ip in &ips {
@@ -180,6 +185,25 @@ fn pod_routes(allocation: &Allocation) -> Vec<Route> {
         allocation.routes.clone()
     };
     configured.into_iter().map(|r| Route { gw: r.gw.or(gateway), ..r }).collect()
+}
+
+/// What the pod's addresses (added without prefix routes) need before `routes`: the gateway
+/// on-link, then each address's subnet via the gateway, unless `routes` has that subnet already.
+fn on_link_routes(allocation: &Allocation, routes: &[Route]) -> Vec<Route> {
+    let mut extra: Vec<Route> = Vec::new();
+    for ip in &allocation.ips {
+        let Some(gw) = ip.gateway else { continue };
+        let host =
+            Route { dst: IpNetwork::new(gw, if gw.is_ipv4() { 32 } else { 128 }).expect("host prefix"), gw: None };
+        let subnet = IpNetwork::new(ip.address.network(), ip.address.prefix()).expect("same prefix");
+        let via = Route { dst: subnet, gw: Some(gw) };
+        for route in [host, via] {
+            if !extra.contains(&route) && !routes.iter().any(|r| r.dst == route.dst) {
+                extra.push(route);
+            }
+        }
+    }
+    extra
 }
 
 fn gone(name: &str) -> CniError {

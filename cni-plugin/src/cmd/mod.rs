@@ -30,6 +30,7 @@ pub fn run() -> ExitCode {
         Ok(_) => dispatch(&stdin),
         Err(e) => Err(CniError::new(ErrorCode::IO, "cannot read stdin").with_details(e)),
     };
+    crate::fault::report_open_fds();
     let (out, code) = match outcome {
         Ok(out) => (out, ExitCode::SUCCESS),
         Err(err) => {
@@ -61,6 +62,13 @@ fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
         .enable_io()
         .build()
         .map_err(|e| CniError::new(ErrorCode::INTERNAL, "cannot start runtime").with_details(e))?;
+    // One verb at a time per attachment (GC, STATUS and VERSION act on none).
+    let _attachment = match env.command {
+        Command::Add | Command::Del | Command::Check => {
+            Some(crate::attachment::Attachment::new(&env.container_id, &env.ifname).lock()?)
+        }
+        _ => None,
+    };
     runtime.block_on(async {
         match env.command {
             Command::Add => add::add(&env, &conf, stdin).await.map(|r| Some(r.to_json(&conf.cni_version))),

@@ -92,8 +92,9 @@ impl NetConf {
 
     fn validate(&self) -> CniResult<()> {
         // A network name becomes a directory name (data dir, pins): same grammar as container IDs.
-        validate_container_id(&self.name)
-            .map_err(|_| invalid(format!("network name {:?} must match [a-zA-Z0-9][a-zA-Z0-9_.-]*", self.name)))?;
+        validate_container_id(&self.name).map_err(|_| {
+            invalid(format!("network name {:?} must match [a-zA-Z0-9][a-zA-Z0-9_.-]{{0,254}}", self.name))
+        })?;
         if self.plugin_type.is_empty() {
             return Err(invalid("type is required"));
         }

@@ -86,8 +86,15 @@ pub(super) fn invalid(msg: impl Into<String>) -> CniError {
     CniError::new(ErrorCode::INVALID_ENV, msg)
 }
 
-/// The spec's container ID grammar: `[a-zA-Z0-9][a-zA-Z0-9_.-]*`.
+/// Longest container ID (and network name) accepted: a network name becomes a directory name,
+/// and no runtime's IDs come near it (64 hex digits in containerd, CRI-O and podman).
+pub const MAX_ID_LEN: usize = 255;
+
+/// The spec's container ID grammar, `[a-zA-Z0-9][a-zA-Z0-9_.-]*`, at most [`MAX_ID_LEN`] bytes.
 pub fn validate_container_id(id: &str) -> CniResult<()> {
+    if id.len() > MAX_ID_LEN {
+        return Err(invalid(format!("CNI_CONTAINERID is {} bytes long, more than {MAX_ID_LEN}", id.len())));
+    }
     let mut chars = id.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
     let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
@@ -154,6 +161,8 @@ mod tests {
             ("CNI_COMMAND", "FROB"),
             ("CNI_CONTAINERID", "../etc"),
             ("CNI_CONTAINERID", "-lead"),
+            ("CNI_CONTAINERID", "a/../../b"),
+            ("CNI_CONTAINERID", "x".repeat(MAX_ID_LEN + 1).leak()),
             ("CNI_CONTAINERID", ""),
             ("CNI_IFNAME", "this-name-is-too-long"),
             ("CNI_IFNAME", "a/b"),

@@ -17,6 +17,8 @@ impl ErrorCode {
     pub const IO: Self = Self(5);
     pub const DECODE: Self = Self(6);
     pub const INVALID_CONFIG: Self = Self(7);
+    /// Transient: another call holds what this one needs; the runtime should retry.
+    pub const TRY_AGAIN_LATER: Self = Self(11);
     /// STATUS: the plugin cannot serve ADD right now (the reason is in `msg`).
     pub const NOT_AVAILABLE: Self = Self(50);
     /// Plugin-specific: no free address left in a range set.
@@ -29,6 +31,8 @@ impl ErrorCode {
     pub const ADDRESS_TAKEN: Self = Self(103);
     /// Plugin-specific: CHECK found the attachment differs from what ADD set up.
     pub const CHECK_FAILED: Self = Self(104);
+    /// Plugin-specific: a datapath map has no room for the pod (`ENDPOINTS` at its size).
+    pub const DATAPATH_FULL: Self = Self(105);
     pub const INTERNAL: Self = Self(999);
 }
 

@@ -2,6 +2,8 @@
 pub mod config;
 pub mod env;
 pub mod error;
+#[cfg(test)]
+mod fuzz;
 pub mod request;
 pub mod result;
 pub mod version;

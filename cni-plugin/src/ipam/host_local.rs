@@ -127,7 +127,8 @@ impl HostLocal {
 
     pub fn release(&self, id: &str, ifname: &str) -> CniResult<()> {
         let store = Store::lock(&self.data_dir, &self.network)?;
-        store.release(id, ifname).map(drop)
+        store.release(id, ifname)?;
+        store.remove_leftovers().map(drop)
     }
 
     /// CHECK: each address is reserved, and for this attachment.
@@ -162,7 +163,7 @@ impl HostLocal {
     pub fn collect_garbage(&self, keep: impl Fn(&Holder) -> bool) -> CniResult<Vec<Holder>> {
         let store = Store::lock(&self.data_dir, &self.network)?;
         let mut stale = Vec::new();
-        let mut first_err = None;
+        let mut first_err = store.remove_leftovers().err();
         for (ip, holder) in store.reservations()? {
             if keep(&holder) {
                 continue;
@@ -281,6 +282,32 @@ mod tests {
         assert_eq!(ipam.allocate("c10", "eth0", &[]).unwrap().ips[0].address.to_string(), "10.9.0.3/29");
         let content = std::fs::read_to_string(dir.join("net/10.9.0.3")).unwrap();
         assert_eq!(content, "c10\r\neth0");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn torn_reservations_are_replaced_and_leftovers_removed() {
+        let dir = tempdir().with_extension("torn");
+        let ipam = ipam(&dir, json!({}));
+        ipam.allocate("a", "eth0", &[]).unwrap();
+        let net = dir.join("net");
+        // .3 created but never written; a record of the last address cut short; a crashed
+        // writer's temporary file.
+        std::fs::write(net.join("10.9.0.3"), b"").unwrap();
+        std::fs::write(net.join("last_reserved_ip.0"), b"10.9.").unwrap();
+        std::fs::write(net.join(".10.9.0.4.999.tmp"), b"x\r\neth0").unwrap();
+        // Round-robin restarts at .2 (taken), so .3's torn file is the next and is replaced.
+        assert_eq!(ipam.allocate("b", "eth0", &[]).unwrap().ips[0].address.to_string(), "10.9.0.3/29");
+        assert_eq!(std::fs::read_to_string(net.join("10.9.0.3")).unwrap(), "b\r\neth0");
+        assert_eq!(std::fs::read_to_string(net.join("last_reserved_ip.0")).unwrap(), "10.9.0.3");
+        ipam.release("b", "eth0").unwrap();
+        let mut names: Vec<String> =
+            std::fs::read_dir(&net).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        assert_eq!(names, ["10.9.0.2", "last_reserved_ip.0", "lock"]);
+        // A torn reservation is garbage to GC: nobody can hold it.
+        std::fs::write(net.join("10.9.0.6"), b"\n").unwrap();
+        assert_eq!(ipam.collect_garbage(|h| h.container_id == "a").unwrap().len(), 1);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -1,6 +1,8 @@
 //! host-local's on-disk layout, so an existing host-local data dir keeps working:
 //! `<dataDir>/<network>/<ip>` holds `<containerID>\r\n<ifname>`, `last_reserved_ip.<set>` the
 //! last address handed out from range set `<set>`, and `lock` is flocked around every change.
+//! Our writes are whole or absent (written aside, then linked or renamed into place); torn
+//! files left by anyone else are detected and repaired under the lock.
 use std::{
     fs::{self, File, OpenOptions},
     io::{ErrorKind, Write},
@@ -14,6 +16,8 @@ use crate::cni::{CniResult, Context, ErrorCode};
 
 /// host-local separates ID and interface with CRLF; we write the same so both can read it.
 const LINE_BREAK: &str = "\r\n";
+/// Ends the names of files written aside before they are linked or renamed into place.
+const TEMP_SUFFIX: &str = ".tmp";
 
 pub struct Store {
     dir: PathBuf,
@@ -37,19 +41,61 @@ impl Store {
         Ok(Self { dir, _lock: lock })
     }
 
-    /// Reserves `ip` for the attachment; `false` if it was already taken.
+    /// Reserves `ip` for the attachment; `false` if it was already taken. The file appears whole
+    /// or not at all (written aside, then hard-linked into place, which fails if the name
+    /// exists), so a crash never leaves a half-written reservation of ours. One torn by someone
+    /// else (host-local killed between create and write, a power loss before writeback) holds
+    /// no owner that DEL or GC could ever match: it is replaced here.
     pub fn reserve(&self, ip: Ipv4Addr, id: &str, ifname: &str, set: usize) -> CniResult<bool> {
         let path = self.dir.join(ip.to_string());
-        let mut file = match OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(f) => f,
+        let aside = self.write_aside(&ip.to_string(), &format!("{}{LINE_BREAK}{ifname}", id.trim()))?;
+        crate::fault::point("ipam:mid-reserve");
+        let mut linked = fs::hard_link(&aside, &path);
+        if linked.as_ref().is_err_and(|e| e.kind() == ErrorKind::AlreadyExists) && self.remove_if_torn(ip) {
+            linked = fs::hard_link(&aside, &path);
+        }
+        let _ = fs::remove_file(&aside);
+        match linked {
+            Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
             Err(e) => return Err(e).cni(ErrorCode::IO, format!("cannot reserve {ip}")),
-        };
-        file.write_all(format!("{}{LINE_BREAK}{ifname}", id.trim()).as_bytes())
-            .cni(ErrorCode::IO, format!("cannot write reservation {}", path.display()))?;
-        fs::write(self.dir.join(format!("last_reserved_ip.{set}")), ip.to_string())
+        }
+        let last = self.write_aside(&format!("last_reserved_ip.{set}"), &ip.to_string())?;
+        fs::rename(&last, self.dir.join(format!("last_reserved_ip.{set}")))
             .cni(ErrorCode::IO, "cannot record last reserved IP")?;
         Ok(true)
+    }
+
+    /// Writes `content` to a temporary name beside `name`. Leftovers of a crash are ignored by
+    /// every reader (not an address) and removed by [`Self::remove_leftovers`].
+    fn write_aside(&self, name: &str, content: &str) -> CniResult<PathBuf> {
+        let path = self.dir.join(format!(".{name}.{}{TEMP_SUFFIX}", std::process::id()));
+        let mut file = File::create(&path).cni(ErrorCode::IO, format!("cannot write {}", path.display()))?;
+        file.write_all(content.as_bytes()).cni(ErrorCode::IO, format!("cannot write {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Removes the temporary files of writers that crashed; safe under the lock, which every
+    /// writer holds. Returns how many.
+    pub fn remove_leftovers(&self) -> CniResult<usize> {
+        let mut removed = 0;
+        for entry in fs::read_dir(&self.dir).cni(ErrorCode::IO, "cannot list IPAM dir")? {
+            let entry = entry.cni(ErrorCode::IO, "cannot list IPAM dir")?;
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with('.') && n.ends_with(TEMP_SUFFIX)) {
+                fs::remove_file(entry.path()).cni(ErrorCode::IO, "cannot remove a leftover temporary file")?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes the reservation of `ip` if it names no holder; `true` if it did.
+    fn remove_if_torn(&self, ip: Ipv4Addr) -> bool {
+        if !self.holder(ip).is_some_and(|h| h.is_torn()) {
+            return false;
+        }
+        eprintln!("ebpf-cni: reservation {ip} names no container (a torn write); reusing the address");
+        self.remove(ip).is_ok()
     }
 
     /// Creates and removes a file, which fails on a read-only or full filesystem.
@@ -59,12 +105,20 @@ impl Store {
         fs::remove_file(&probe).cni(ErrorCode::IO, "cannot remove the probe file")
     }
 
+    /// Where round-robin resumes. A record that does not parse (torn) is reported and ignored:
+    /// allocation starts from the range's start, and the next reservation rewrites it whole.
     pub fn last_reserved(&self, set: usize) -> Option<Ipv4Addr> {
-        fs::read_to_string(self.dir.join(format!("last_reserved_ip.{set}"))).ok()?.trim().parse().ok()
+        let content = fs::read(self.dir.join(format!("last_reserved_ip.{set}"))).ok()?;
+        let parsed = std::str::from_utf8(&content).ok().and_then(|s| s.trim().parse().ok());
+        if parsed.is_none() {
+            eprintln!("ebpf-cni: last_reserved_ip.{set} is torn ({content:?}); starting from the range start");
+        }
+        parsed
     }
 
+    /// Held by an attachment; a torn reservation does not count (the next reserve replaces it).
     pub fn is_reserved(&self, ip: Ipv4Addr) -> bool {
-        self.dir.join(ip.to_string()).exists()
+        self.holder(ip).is_some_and(|h| !h.is_torn())
     }
 
     /// Every reservation: the address and who holds it.
@@ -75,7 +129,7 @@ impl Store {
             let Some(ip) = entry.file_name().to_str().and_then(|n| n.parse::<Ipv4Addr>().ok()) else {
                 continue;
             };
-            let Ok(content) = fs::read_to_string(entry.path()) else { continue };
+            let Ok(content) = fs::read(entry.path()) else { continue };
             found.push((ip, Holder::parse(&content)));
         }
         Ok(found)
@@ -83,7 +137,7 @@ impl Store {
 
     /// The holder of one address, if it is reserved.
     pub fn holder(&self, ip: Ipv4Addr) -> Option<Holder> {
-        fs::read_to_string(self.dir.join(ip.to_string())).ok().map(|c| Holder::parse(&c))
+        fs::read(self.dir.join(ip.to_string())).ok().map(|c| Holder::parse(&c))
     }
 
     /// Every address reserved for the attachment.
@@ -117,10 +171,17 @@ pub struct Holder {
 }
 
 impl Holder {
-    fn parse(content: &str) -> Self {
+    /// Content that is not UTF-8 parses as a torn holder.
+    fn parse(content: &[u8]) -> Self {
+        let content = std::str::from_utf8(content).unwrap_or_default();
         let mut lines = content.lines().map(str::trim);
         let container_id = lines.next().unwrap_or_default().to_string();
         Self { container_id, ifname: lines.next().filter(|l| !l.is_empty()).map(str::to_string) }
+    }
+
+    /// No container ID: the file was created but its content never (fully) reached the disk.
+    pub fn is_torn(&self) -> bool {
+        self.container_id.is_empty()
     }
 
     pub fn is(&self, id: &str, ifname: &str) -> bool {

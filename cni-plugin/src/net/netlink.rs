@@ -8,7 +8,7 @@ use rtnetlink::{
     Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
     packet_route::{
         AddressFamily,
-        address::{AddressAttribute, AddressHeaderFlags, AddressScope},
+        address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope},
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
         route::{RouteAddress, RouteAttribute, RouteHeader, RouteScope},
         tc::{TcAttribute, TcFilterBpfOption, TcOption},
@@ -122,13 +122,17 @@ impl Netlink {
         self.handle.link().set(message).execute().await.context("setting link up")
     }
 
-    pub async fn add_address(&self, index: u32, address: IpNetwork) -> Result<()> {
-        self.handle
-            .address()
-            .add(index, address.ip(), address.prefix())
-            .execute()
-            .await
-            .with_context(|| format!("adding address {address}"))
+    /// Adds `address` with its prefix; with `prefix_route` false, without the subnet route the
+    /// kernel would add (`noprefixroute`). A pod then reaches its subnet through the gateway,
+    /// with one ARP entry, instead of resolving every peer on-link: per-peer entries count
+    /// against the neighbour table limit (gc_thresh3, 1,024 by default) that all network
+    /// namespaces share, and 64 pods talking to each other overflow it (sends fail, ENOBUFS).
+    pub async fn add_address(&self, index: u32, address: IpNetwork, prefix_route: bool) -> Result<()> {
+        let mut request = self.handle.address().add(index, address.ip(), address.prefix());
+        if !prefix_route {
+            request.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
+        }
+        request.execute().await.with_context(|| format!("adding address {address}"))
     }
 
     /// `dst via gw dev index`, or `dst dev index scope link` when there is no gateway.
