@@ -1,5 +1,8 @@
 //! `from_pod`: TC ingress of each host-side veth, i.e. every packet a pod sends.
 //!
+//! 0. Frames shorter than their headers, and IPv4 headers with a bad version or length, are
+//!    dropped (`Malformed`); ethertypes other than IPv4 and ARP (IPv6, VLAN tags, LLDP…) too
+//!    (`UnsupportedProtocol`).
 //! 1. ARP goes to the responder (`arp.rs`).
 //! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing).
 //! 3. IPv4 to another pod on this node is delivered straight into that pod with
@@ -38,7 +41,11 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
         return maps::drop(ctx, DropReason::Malformed);
     };
     // SAFETY: bounds checked by `header_mut`.
-    let (src, dst) = unsafe { ((*ip).src_addr, (*ip).dst_addr) };
+    let (src, dst, version, header_len) = unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ip).version(), (*ip).ihl()) };
+    // Not IPv4 inside, or a header shorter than its fixed part: nothing a pod's stack would send.
+    if version != 4 || usize::from(header_len) < Ipv4Hdr::LEN {
+        return maps::drop(ctx, DropReason::Malformed);
+    }
     match maps::endpoint(&IpKey::v4(src)) {
         Some(own) if own.host_ifindex == packet::ingress_ifindex(ctx) => {}
         _ => return maps::drop(ctx, DropReason::SpoofedSource),

@@ -3,6 +3,7 @@
 //! removed on drop (pass or fail). The plugin is executed exactly as a runtime does: CNI_*
 //! environment, configuration on stdin, in the node's namespace.
 mod cluster;
+pub mod crash;
 mod guard;
 mod plugin;
 mod privileges;

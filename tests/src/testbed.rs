@@ -270,6 +270,15 @@ impl Testbed {
     pub fn leftovers(&self) -> Result<Vec<String>> {
         let mut left: Vec<String> = self.host_veths()?.into_iter().map(|v| format!("veth {v}")).collect();
         left.extend(self.ip_files().into_iter().map(|ip| format!("IP file {ip}")));
+        // Anything else in the IPAM dir but its lock and round-robin records (a temporary
+        // reservation a crashed writer left, say).
+        let ipam_dir = std::fs::read_dir(self.data_dir().join(&self.network)).into_iter().flatten().flatten();
+        left.extend(
+            ipam_dir
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with('.'))
+                .map(|n| format!("IPAM file {n}")),
+        );
         if self.pin_dir().exists() {
             left.push(format!("pins {}", self.pin_dir().display()));
         }

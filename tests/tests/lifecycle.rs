@@ -1,5 +1,9 @@
 //! ADD/DEL lifecycle: DEL leaves nothing and is idempotent; a failed ADD rolls back everything.
-use ebpf_cni_tests::{Testbed, run};
+use ebpf_cni_tests::{
+    Testbed,
+    crash::{ADD_STEPS, DEL_STEPS, killed_at},
+    run,
+};
 
 #[test]
 fn del_leaves_nothing_and_is_idempotent() {
@@ -93,4 +97,37 @@ fn failure_after_the_veth_rolls_back_everything() {
     // The runtime sends DEL after a failed ADD: it must succeed too.
     let del = tb.cni("DEL", pod, &conf).unwrap();
     assert!(del.success, "{}", del.stdout);
+}
+
+/// An ADD killed at any step, then the runtime's DEL (as containerd and CRI-O send after a
+/// failed ADD): the node is as clean as before, and the next ADD of the same pod works.
+#[test]
+fn del_cleans_up_after_a_kill_at_every_step() {
+    let Some(mut tb) = Testbed::for_test("del_cleans_up_after_a_kill_at_every_step", "killdel", "10.222.0.0/24") else {
+        return;
+    };
+    for step in ADD_STEPS {
+        let pod = tb.new_pod().unwrap();
+        killed_at(&tb, pod, "ADD", step);
+        tb.del(pod).unwrap();
+        assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new(), "after ADD killed at {step}, then DEL");
+        let links = run("ip", &["-n", &tb.pods[pod].netns.name, "-o", "link"]).unwrap();
+        assert!(!String::from_utf8_lossy(&links.stdout).contains("eth0"), "{step}: the pod end survived");
+        tb.add(pod).unwrap();
+        tb.del(pod).unwrap();
+    }
+    // A DEL killed at any step, then DEL again (the runtime retries until it succeeds).
+    let anchor = tb.new_pod().unwrap();
+    let ip = tb.add(anchor).unwrap();
+    for step in DEL_STEPS {
+        let pod = tb.new_pod().unwrap();
+        tb.add(pod).unwrap();
+        killed_at(&tb, pod, "DEL", step);
+        tb.del(pod).unwrap();
+        assert_eq!(tb.host_veths().unwrap().len(), 1, "{step}: veths");
+        assert_eq!(tb.ip_files(), vec![ip.clone()], "{step}: IP files");
+        assert_eq!(tb.map_len("ENDPOINTS").unwrap(), 1, "{step}: endpoints");
+    }
+    tb.del(anchor).unwrap();
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }
