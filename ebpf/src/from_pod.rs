@@ -26,6 +26,10 @@ pub fn handle(ctx: &TcContext) -> i32 {
     };
     // SAFETY: bounds checked by `header_mut`.
     let ether_type = unsafe { (*eth).ether_type };
+    // Pods have no VLANs: a tagged frame would carry the tag into the destination pod.
+    if packet::vlan_tagged(ctx) {
+        return maps::drop(ctx, DropReason::UnsupportedProtocol);
+    }
     if ether_type == EtherType::Arp as u16 {
         return arp::handle(ctx, eth);
     }

@@ -23,3 +23,11 @@ pub fn ingress_ifindex(ctx: &TcContext) -> u32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
     unsafe { (*ctx.skb.skb).ifindex }
 }
+
+/// Whether the frame came with an 802.1Q tag. The receive path moves a tag out of the frame
+/// into the skb's metadata before TC runs, so the ethertype alone does not show it.
+#[inline(always)]
+pub fn vlan_tagged(ctx: &TcContext) -> bool {
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    unsafe { (*ctx.skb.skb).vlan_present != 0 }
+}

@@ -15,4 +15,4 @@ pub use cluster::{Cluster, EXT_SERVER, EXT_UPLINK_IP, NODE1_UPLINK_IP, UNDERLAY_
 pub use guard::{Bpffs, NetnsGuard, run, run_in};
 pub use plugin::{CniOutput, Plugin, exec_binary};
 pub use privileges::require_privileges;
-pub use testbed::{NODE_IP, Pod, TEST_MTU, Testbed};
+pub use testbed::{Attached, NODE_IP, Pod, TEST_MTU, Testbed};

@@ -33,6 +33,15 @@ impl Pod {
     }
 }
 
+/// A pod after ADD, as the programs see it.
+#[derive(Clone, Debug)]
+pub struct Attached {
+    pub ip: std::net::Ipv4Addr,
+    pub pod_mac: [u8; 6],
+    pub host_mac: [u8; 6],
+    pub host_ifname: String,
+}
+
 /// Fields drop in order: pods, then the node, then the bpffs mount and data dir.
 pub struct Testbed {
     pub pods: Vec<Pod>,
@@ -210,6 +219,25 @@ impl Testbed {
         anyhow::ensure!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
         let address = out.json()["ips"][0]["address"].as_str().context("no address")?.to_string();
         Ok(address.split('/').next().unwrap_or_default().to_string())
+    }
+
+    /// ADD (spec 1.1.0) that must succeed; returns what the programs know of the pod.
+    pub fn add_attachment(&self, pod: usize) -> Result<Attached> {
+        let out = self.cni("ADD", pod, &self.conf("1.1.0"))?;
+        anyhow::ensure!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
+        let result = out.json();
+        let text = |v: &Value| v.as_str().map(str::to_string).context("missing field in the ADD result");
+        let mac = |v: &Value| -> Result<[u8; 6]> {
+            let bytes: Vec<u8> = text(v)?.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>()?;
+            bytes.try_into().map_err(|_| anyhow::anyhow!("MAC of the wrong length"))
+        };
+        let address = text(&result["ips"][0]["address"])?;
+        Ok(Attached {
+            ip: address.split('/').next().unwrap_or_default().parse()?,
+            pod_mac: mac(&result["interfaces"][1]["mac"])?,
+            host_mac: mac(&result["interfaces"][0]["mac"])?,
+            host_ifname: text(&result["interfaces"][0]["name"])?,
+        })
     }
 
     pub fn del(&self, pod: usize) -> Result<()> {

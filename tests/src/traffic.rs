@@ -151,3 +151,85 @@ pub fn unreachable_pairs(pods: &[(String, Ipv4Addr)], port: u16) -> Result<Vec<(
     }
     Ok(missing.into_iter().map(|(a, b)| (pods[a].1, pods[b].1)).collect())
 }
+
+/// A raw packet socket on `ifname` inside `netns`: sends whole Ethernet frames and sees every
+/// frame the interface receives (ETH_P_ALL), without the stack in between.
+pub struct PacketSocket {
+    fd: std::os::fd::OwnedFd,
+    ifindex: i32,
+}
+
+impl PacketSocket {
+    pub fn open(netns: &str, ifname: &str) -> Result<Self> {
+        let name = std::ffi::CString::new(ifname)?;
+        in_netns(netns, move || {
+            // SAFETY: plain syscalls; the descriptor is owned at once.
+            let (fd, ifindex) = unsafe {
+                let raw = libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK, ETH_P_ALL.to_be() as i32);
+                anyhow::ensure!(raw >= 0, "packet socket: {}", std::io::Error::last_os_error());
+                (std::os::fd::FromRawFd::from_raw_fd(raw), libc::if_nametoindex(name.as_ptr()) as i32)
+            };
+            anyhow::ensure!(ifindex > 0, "no interface {name:?}");
+            let socket = Self { fd, ifindex };
+            let addr = socket.address(&[0; 6]);
+            // SAFETY: `addr` is a valid sockaddr_ll for the call.
+            let bound = unsafe {
+                libc::bind(
+                    std::os::fd::AsRawFd::as_raw_fd(&socket.fd),
+                    (&raw const addr).cast(),
+                    size_of::<libc::sockaddr_ll>() as u32,
+                )
+            };
+            anyhow::ensure!(bound == 0, "bind: {}", std::io::Error::last_os_error());
+            Ok(socket)
+        })
+    }
+
+    fn address(&self, dst: &[u8; 6]) -> libc::sockaddr_ll {
+        // SAFETY: plain data, zero is valid.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = ETH_P_ALL.to_be();
+        addr.sll_ifindex = self.ifindex;
+        addr.sll_halen = 6;
+        addr.sll_addr[..6].copy_from_slice(dst);
+        addr
+    }
+
+    /// Sends `frame` as it is (its first six bytes are the destination MAC).
+    pub fn send(&self, frame: &[u8]) -> Result<()> {
+        let dst: [u8; 6] = frame.get(..6).context("frame shorter than a MAC")?.try_into()?;
+        let addr = self.address(&dst);
+        // SAFETY: buffer and address are valid for the call.
+        let sent = unsafe {
+            libc::sendto(
+                std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&raw const addr).cast(),
+                size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        anyhow::ensure!(sent == frame.len() as isize, "sendto: {}", std::io::Error::last_os_error());
+        Ok(())
+    }
+
+    /// Every frame received since the last call (waits briefly for frames in flight).
+    pub fn received(&self) -> Vec<Vec<u8>> {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut frames = Vec::new();
+        let mut buf = [0u8; 2048];
+        loop {
+            // SAFETY: `buf` is valid for its length.
+            let n =
+                unsafe { libc::recv(std::os::fd::AsRawFd::as_raw_fd(&self.fd), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n <= 0 {
+                return frames;
+            }
+            frames.push(buf[..n as usize].to_vec());
+        }
+    }
+}
+
+const ETH_P_ALL: u16 = 0x0003;

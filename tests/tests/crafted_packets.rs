@@ -14,32 +14,6 @@ const ETH_IPV4: u16 = 0x0800;
 const ETH_ARP: u16 = 0x0806;
 const UDP: u8 = 17;
 
-/// A pod as the programs see it.
-struct Pod {
-    ip: Ipv4Addr,
-    pod_mac: [u8; 6],
-    host_mac: [u8; 6],
-    host_ifname: String,
-}
-
-fn mac(text: &str) -> [u8; 6] {
-    let bytes: Vec<u8> = text.split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
-    bytes.try_into().unwrap()
-}
-
-fn add(tb: &Testbed, pod: usize) -> Pod {
-    let out = tb.cni("ADD", pod, &tb.conf("1.1.0")).unwrap();
-    assert!(out.success, "{} {}", out.stdout, out.stderr);
-    let result = out.json();
-    let ip = result["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().parse().unwrap();
-    Pod {
-        ip,
-        pod_mac: mac(result["interfaces"][1]["mac"].as_str().unwrap()),
-        host_mac: mac(result["interfaces"][0]["mac"].as_str().unwrap()),
-        host_ifname: result["interfaces"][0]["name"].as_str().unwrap().to_string(),
-    }
-}
-
 fn ethernet(dst: [u8; 6], src: [u8; 6], ether_type: u16) -> Vec<u8> {
     [&dst[..], &src[..], &ether_type.to_be_bytes()[..]].concat()
 }
@@ -129,7 +103,7 @@ fn crafted_frames_get_their_documented_verdicts() {
     };
     let tb = &mut c.nodes[0];
     let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
-    let (a, b) = (add(tb, a), add(tb, b));
+    let (a, b) = (tb.add_attachment(a).unwrap(), tb.add_attachment(b).unwrap());
     let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
     let node_ip: Ipv4Addr = NODE1_UPLINK_IP.parse().unwrap();
     let from_a = |ether_type: u16| ethernet(a.host_mac, a.pod_mac, ether_type);
