@@ -87,11 +87,20 @@ fn adds_and_dels_overlap_for_different_and_the_same_pods() {
     let outs = std::thread::scope(|scope| {
         let tb = &tb;
         let mut calls = Vec::new();
-        for pod in leaving.iter().chain(&contested) {
-            calls.push((*pod, "DEL", scope.spawn(move || tb.cni("DEL", *pod, &tb.conf("1.1.0")).unwrap())));
-        }
         for pod in arriving.iter().chain(&contested) {
             calls.push((*pod, "ADD", scope.spawn(move || tb.cni("ADD", *pod, &tb.conf("1.1.0")).unwrap())));
+        }
+        for (n, pod) in leaving.iter().chain(&contested).enumerate() {
+            calls.push((
+                *pod,
+                "DEL",
+                scope.spawn(move || {
+                    // Staggered, so that some DELs of contested pods come during their ADD and
+                    // some before it.
+                    std::thread::sleep(std::time::Duration::from_millis(n as u64 % 4 * 3));
+                    tb.cni("DEL", *pod, &tb.conf("1.1.0")).unwrap()
+                }),
+            ));
         }
         calls.into_iter().map(|(pod, verb, call)| (pod, verb, call.join().unwrap())).collect::<Vec<_>>()
     });
