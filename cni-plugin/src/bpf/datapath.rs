@@ -125,7 +125,8 @@ impl Datapath {
     }
 
     /// Removes the network's pins of this layout when no endpoint is left (every attachment
-    /// has one per address). Filters still running the programs keep them alive until their veths go.
+    /// has one per address). Filters still running the programs keep them alive until their
+    /// veths go.
     pub fn remove_if_unused(&self) -> CniResult<bool> {
         let endpoints_left = match self.endpoints()? {
             Some(map) => map.keys().next().is_some(),

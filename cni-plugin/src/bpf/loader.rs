@@ -24,10 +24,10 @@ const MAPS: [&str; 4] = [names::ENDPOINTS, names::METRICS, names::NAT, names::SE
 impl Datapath {
     /// Loads and pins the programs and maps unless an earlier ADD already did.
     pub fn ensure_loaded(&self, settings: &Settings) -> CniResult<()> {
-        self.refuse_other_layouts()?;
         if self.is_loaded() {
             return self.check_settings(&settings.config);
         }
+        self.refuse_other_layouts()?;
         // A load interrupted before the last pin leaves some pins behind: start over.
         for dir in ["maps", "progs", "uplink"] {
             let _ = fs::remove_dir_all(self.pins.version_dir().join(dir));
@@ -67,8 +67,9 @@ impl Datapath {
     }
 
     /// Pins of another layout version belong to pods of another ebpf-cni build: their programs
-    /// read maps we cannot share, so pods of both would not reach each other. Refused until an
-    /// operator has moved those pods (or removed the directory).
+    /// read maps we cannot share, so pods of both would not reach each other. The first load is
+    /// refused until an operator has moved those pods (or removed the directory); checked only
+    /// then, so later ADDs pay nothing for it.
     fn refuse_other_layouts(&self) -> CniResult<()> {
         let Ok(entries) = fs::read_dir(self.pins.network_dir()) else { return Ok(()) };
         let ours = self.pins.version_dir().file_name();

@@ -116,9 +116,11 @@ impl Store {
         parsed
     }
 
-    /// Held by an attachment; a torn reservation does not count (the next reserve replaces it).
+    /// Taken: a reservation file with content. One stat, as allocation walks the range with it;
+    /// an empty file (the usual torn write) does not count, and the next reserve replaces it.
+    /// Other content naming no container is left to GC.
     pub fn is_reserved(&self, ip: Ipv4Addr) -> bool {
-        self.holder(ip).is_some_and(|h| !h.is_torn())
+        fs::metadata(self.dir.join(ip.to_string())).is_ok_and(|m| m.len() > 0)
     }
 
     /// Every reservation: the address and who holds it.
