@@ -7,6 +7,7 @@ mod cmd;
 mod cni;
 mod fault;
 mod ipam;
+mod logging;
 mod net;
 
 use std::process::ExitCode;

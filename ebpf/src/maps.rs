@@ -33,9 +33,12 @@ pub fn endpoint(key: &IpKey) -> Option<Endpoint> {
     unsafe { ENDPOINTS.get(key).copied() }
 }
 
-/// Counts the drop and returns the verdict that drops the packet.
+/// Counts the drop and returns the verdict that drops the packet. With the network's
+/// `ebpfLogLevel` at `debug` or more it is also logged (read with `ebpf-cni inspect logs`);
+/// at the default, off, the verifier removes the logging code as dead.
 #[inline(always)]
 pub fn drop(ctx: &TcContext, reason: DropReason) -> i32 {
+    aya_log_ebpf::debug!(ctx, "drop: {} ({}), {} bytes", reason.name(), reason as u32, ctx.len());
     if let Some(counter) = METRICS.get_ptr_mut(reason as u32) {
         // SAFETY: a per-CPU slot, only touched by this CPU while the program runs.
         unsafe {

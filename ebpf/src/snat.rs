@@ -46,7 +46,7 @@ fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow, pod: &Endpo
     let now = unsafe { bpf_ktime_get_ns() };
     let port = match existing_port(flow, config, now) {
         Some(port) => port,
-        None => allocate(flow, config, pod.owner, now)?,
+        None => allocate(ctx, flow, config, pod.owner, now)?,
     };
     rewrite(ctx, flow, Side::Source, config.node_ipv4, port)
 }
@@ -90,7 +90,7 @@ pub unsafe fn touch(entry: *mut NatEntry, now: u64) {
 /// Finds a port for a new flow: the pod's own source port if free for this destination, else
 /// random ones from the configured range. Records both entries.
 #[inline(always)]
-fn allocate(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
+fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
     let reply = NatEntry {
         addr: ipv4_in_16(flow.src),
         port: flow.src_port,
@@ -106,6 +106,16 @@ fn allocate(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Resul
             let egress =
                 NatEntry { addr: ipv4_in_16(config.node_ipv4), port: candidate, direction: NAT_EGRESS, ..reply };
             maps::NAT.insert(flow.key(), egress, u64::from(BPF_ANY)).map_err(|_| DropReason::NatPortsExhausted)?;
+            aya_log_ebpf::info!(
+                ctx,
+                "masquerade: new flow {:i}:{} -> {:i}:{} proto {} leaves from port {}",
+                flow.src,
+                flow.src_port,
+                flow.dst,
+                flow.dst_port,
+                flow.protocol,
+                candidate
+            );
             return Ok(candidate);
         }
         // SAFETY: plain helper call.

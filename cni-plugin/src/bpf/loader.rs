@@ -41,6 +41,7 @@ impl Datapath {
         }
         let mut ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, &settings.config, true)
+            .override_global(aya_log::LEVEL, &settings.log_level, true)
             .load(OBJECT)
             .cni(ErrorCode::DATAPATH, "kernel refused the eBPF object")?;
         for name in MAPS {

@@ -16,6 +16,8 @@ pub struct Settings {
     pub config: DatapathConfig,
     /// Where `to_uplink`/`from_uplink` are attached; only with masquerade.
     pub uplink: Option<String>,
+    /// aya-log's `AYA_LOG_LEVEL` for the programs (`ebpfLogLevel`); 0, off, by default.
+    pub log_level: u8,
 }
 
 impl Settings {
@@ -26,8 +28,9 @@ impl Settings {
             cluster_prefix: cluster.prefix(),
             ..DatapathConfig::default()
         };
+        let log_level = conf.ebpf_log_level()?;
         if !conf.ip_masq {
-            return Ok(Self { config, uplink: None });
+            return Ok(Self { config, uplink: None, log_level });
         }
         let (uplink, index) = uplink(conf, node).await?;
         let node_ip = match conf.node_ip {
@@ -45,7 +48,7 @@ impl Settings {
         config.port_min = *ports.start();
         config.port_max = *ports.end();
         warn_if_not_forwarding();
-        Ok(Self { config, uplink: Some(uplink) })
+        Ok(Self { config, uplink: Some(uplink), log_level })
     }
 }
 
@@ -73,7 +76,7 @@ async fn uplink(conf: &NetConf, node: &Netlink) -> CniResult<(String, u32)> {
 /// any Kubernetes node. The plugin does not change sysctls; it says so when forwarding is off.
 fn warn_if_not_forwarding() {
     if std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").is_ok_and(|v| v.trim() == "0") {
-        eprintln!("ebpf-cni: warning: net.ipv4.ip_forward is 0 in the node: pods cannot reach the outside");
+        log::warn!("net.ipv4.ip_forward is 0 in the node: pods cannot reach the outside");
     }
 }
 

@@ -62,7 +62,7 @@ pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<Add
         Ok(result) => Ok(result),
         Err(err) => {
             if let Err(cleanup) = teardown(env, conf, &ipam, &node).await {
-                eprintln!("ebpf-cni: rollback after failed ADD was incomplete: {cleanup}");
+                log::error!("rollback after failed ADD was incomplete: {cleanup}");
             }
             Err(err)
         }

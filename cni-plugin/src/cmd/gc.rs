@@ -76,8 +76,8 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
         }
     };
     let kernel = collected.unwrap_or_default();
-    eprintln!(
-        "ebpf-cni: GC of {} kept {} attachments; removed {} veths, {} endpoints, {} NAT entries, \
+    log::info!(
+        "GC of {} kept {} attachments; removed {} veths, {} endpoints, {} NAT entries, \
          {released} IP reservations{}",
         conf.name,
         valid.len(),

@@ -22,6 +22,7 @@ use crate::cni::{
 
 /// Runs the verb named by CNI_COMMAND. Only the result or the error JSON goes to stdout.
 pub fn run() -> ExitCode {
+    crate::logging::init();
     let started = Instant::now();
     let mut stdin = Vec::new();
     let read = std::io::stdin().read_to_end(&mut stdin);
@@ -31,10 +32,14 @@ pub fn run() -> ExitCode {
         Err(e) => Err(CniError::new(ErrorCode::IO, "cannot read stdin").with_details(e)),
     };
     crate::fault::report_open_fds();
+    let call = Call::of(&stdin);
     let (out, code) = match outcome {
-        Ok(out) => (out, ExitCode::SUCCESS),
+        Ok(out) => {
+            log::info!("{call} {:.1}ms ok", started.elapsed().as_secs_f64() * 1e3);
+            (out, ExitCode::SUCCESS)
+        }
         Err(err) => {
-            eprintln!("ebpf-cni: {} failed after {:?}: {err}", command_name(), started.elapsed());
+            log::error!("{call} {:.1}ms failed: {err}", started.elapsed().as_secs_f64() * 1e3);
             (Some(err.to_json(&asked_version)), ExitCode::FAILURE)
         }
     };
@@ -46,8 +51,32 @@ pub fn run() -> ExitCode {
     code
 }
 
-fn command_name() -> String {
-    std::env::var("CNI_COMMAND").unwrap_or_default()
+/// What the log line of a verb names: the verb, the attachment and the network, read leniently
+/// (the line is written for calls whose input did not parse too).
+struct Call {
+    command: String,
+    container_id: String,
+    ifname: String,
+    network: String,
+}
+
+impl Call {
+    fn of(stdin: &[u8]) -> Self {
+        let var = |key| std::env::var(key).unwrap_or_default();
+        let conf: Option<Value> = serde_json::from_slice(stdin).ok();
+        let network = conf.as_ref().and_then(|c| c["name"].as_str()).unwrap_or_default().to_string();
+        Self { command: var("CNI_COMMAND"), container_id: var("CNI_CONTAINERID"), ifname: var("CNI_IFNAME"), network }
+    }
+}
+
+impl std::fmt::Display for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} container={:?} ifname={:?} network={:?}",
+            self.command, self.container_id, self.ifname, self.network
+        )
+    }
 }
 
 /// The verb's stdout JSON, if it has one (DEL prints nothing on success).
@@ -57,6 +86,7 @@ fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
         return Ok(Some(json!({ "cniVersion": version::asked(stdin), "supportedVersions": version::SUPPORTED })));
     }
     let conf = NetConf::parse(stdin)?;
+    crate::logging::configure(conf.log_level()?, conf.log_file.as_deref());
     version::allows(env.command, &conf.cni_version)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()

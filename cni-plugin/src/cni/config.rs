@@ -2,6 +2,7 @@
 use std::{net::Ipv4Addr, ops::RangeInclusive, path::PathBuf};
 
 use ipnetwork::Ipv4Network;
+use log::LevelFilter;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -45,6 +46,15 @@ pub struct NetConf {
     pub masq_port_range: Option<String>,
     /// Root of our pins in bpffs; one directory per network below it.
     pub bpffs_root: Option<PathBuf>,
+    /// Where the plugin's log lines go (appended), besides errors to stderr. Default: none.
+    pub log_file: Option<PathBuf>,
+    /// `off`, `error`, `warn`, `info` (one line per verb) or `debug`. Default: `error`, or
+    /// `info` when `logFile` is set.
+    pub log_level: Option<String>,
+    /// Logs of the TC programs themselves (`ebpf-cni inspect logs`): `off` (the default, and
+    /// free: the verifier drops the code), `error`, `warn`, `info` (new masqueraded flows),
+    /// `debug` (every drop) or `trace`. Fixed when the network's programs are loaded.
+    pub ebpf_log_level: Option<String>,
     /// The result of the plugins before us: CHECK and DEL get the cached ADD result here.
     pub prev_result: Option<Value>,
     /// Capabilities the runtime filled in (`ips`, `mac`); see [`super::request`].
@@ -106,6 +116,11 @@ impl NetConf {
         }
         self.cluster_cidr()?;
         self.masq_ports()?;
+        self.log_level()?;
+        self.ebpf_log_level()?;
+        if self.log_file.as_ref().is_some_and(|f| !f.is_absolute()) {
+            return Err(invalid("logFile must be an absolute path"));
+        }
         if let Some(uplink) = self.uplink.as_deref().filter(|u| u.is_empty() || u.len() > 15 || u.contains('/')) {
             return Err(invalid(format!("uplink {uplink:?} is not an interface name")));
         }
@@ -128,6 +143,25 @@ impl NetConf {
             return Err(bad());
         }
         Ok(min..=max)
+    }
+
+    pub fn log_level(&self) -> CniResult<LevelFilter> {
+        let Some(text) = self.log_level.as_deref() else {
+            return Ok(if self.log_file.is_some() { LevelFilter::Info } else { LevelFilter::Error });
+        };
+        crate::logging::parse_level(text)
+            .ok_or_else(|| invalid(format!("logLevel {text:?} is not one of off, error, warn, info, debug")))
+    }
+
+    /// The value of aya-log's `AYA_LOG_LEVEL` global: 0 off, 1 error … 5 trace.
+    pub fn ebpf_log_level(&self) -> CniResult<u8> {
+        const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+        let text = self.ebpf_log_level.as_deref().unwrap_or("off");
+        let level = LEVELS
+            .iter()
+            .position(|l| *l == text)
+            .ok_or_else(|| invalid(format!("ebpfLogLevel {text:?} is not one of {}", LEVELS.join(", "))))?;
+        Ok(level as u8)
     }
 
     /// GC's list of attachments in use, under whichever key the runtime used.
@@ -166,6 +200,19 @@ mod tests {
         assert_eq!(c.bpffs_root(), PathBuf::from(DEFAULT_BPFFS_ROOT));
         assert!(!c.ip_masq);
         assert_eq!(c.masq_ports().unwrap(), DEFAULT_MASQ_PORTS);
+        assert_eq!(c.log_level().unwrap(), LevelFilter::Error);
+        assert_eq!(c.ebpf_log_level().unwrap(), 0);
+    }
+
+    #[test]
+    fn log_settings() {
+        let c = parse(
+            r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"logFile":"/var/log/ebpf-cni.log",
+                "ebpfLogLevel":"debug"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.log_level().unwrap(), LevelFilter::Info, "a log file without a level gets one line per verb");
+        assert_eq!(c.ebpf_log_level().unwrap(), 4);
     }
 
     #[test]
@@ -208,6 +255,9 @@ mod tests {
             ),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"uplink":"a/b"}"#, ErrorCode::INVALID_CONFIG),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"nodeIP":"x"}"#, ErrorCode::INVALID_CONFIG),
+            (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"logLevel":"loud"}"#, ErrorCode::INVALID_CONFIG),
+            (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"logFile":"x.log"}"#, ErrorCode::INVALID_CONFIG),
+            (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"ebpfLogLevel":"1"}"#, ErrorCode::INVALID_CONFIG),
         ];
         for (input, code) in cases {
             assert_eq!(parse(input).unwrap_err().code, code, "{input}");

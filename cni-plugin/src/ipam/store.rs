@@ -94,7 +94,7 @@ impl Store {
         if !self.holder(ip).is_some_and(|h| h.is_torn()) {
             return false;
         }
-        eprintln!("ebpf-cni: reservation {ip} names no container (a torn write); reusing the address");
+        log::warn!("reservation {ip} names no container (a torn write); reusing the address");
         self.remove(ip).is_ok()
     }
 
@@ -111,7 +111,7 @@ impl Store {
         let content = fs::read(self.dir.join(format!("last_reserved_ip.{set}"))).ok()?;
         let parsed = std::str::from_utf8(&content).ok().and_then(|s| s.trim().parse().ok());
         if parsed.is_none() {
-            eprintln!("ebpf-cni: last_reserved_ip.{set} is torn ({content:?}); starting from the range start");
+            log::warn!("last_reserved_ip.{set} is torn ({content:?}); starting from the range start");
         }
         parsed
     }
