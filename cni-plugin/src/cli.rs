@@ -16,6 +16,8 @@ struct Cli {
 enum Sub {
     /// Print the CNI spec versions this plugin speaks.
     CniVersions,
+    /// Show what a network's datapath holds: endpoints, NAT, drop counters, programs, logs.
+    Inspect(crate::inspect::Inspect),
 }
 
 pub fn run() -> ExitCode {
@@ -24,9 +26,20 @@ pub fn run() -> ExitCode {
             println!("{}", version::SUPPORTED.join(" "));
             ExitCode::SUCCESS
         }
+        Some(Sub::Inspect(args)) => report(crate::inspect::run(args)),
         None => {
             eprintln!("ebpf-cni is run by a container runtime with CNI_COMMAND set; see --help");
             ExitCode::from(2)
+        }
+    }
+}
+
+fn report(outcome: anyhow::Result<()>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ebpf-cni: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -6,6 +6,7 @@ mod cli;
 mod cmd;
 mod cni;
 mod fault;
+mod inspect;
 mod ipam;
 mod logging;
 mod net;

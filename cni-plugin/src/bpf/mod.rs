@@ -8,4 +8,5 @@ mod settings;
 
 pub use audit::Expected;
 pub use datapath::{Datapath, on_bpffs_or_below};
+pub use pins::Pins;
 pub use settings::Settings;

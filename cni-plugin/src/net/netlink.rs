@@ -22,6 +22,21 @@ fn is_not_found(err: &rtnetlink::Error) -> bool {
     matches!(err, rtnetlink::Error::NetlinkError(m) if m.raw_code().abs() == libc::ENODEV || m.raw_code().abs() == libc::ENOENT)
 }
 
+fn is_invalid(err: &rtnetlink::Error) -> bool {
+    matches!(err, rtnetlink::Error::NetlinkError(m) if m.raw_code().abs() == libc::EINVAL)
+}
+
+fn bpf_program_ids(attr: &TcAttribute) -> Vec<u32> {
+    let TcAttribute::Options(options) = attr else { return Vec::new() };
+    options
+        .iter()
+        .filter_map(|o| match o {
+            TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A route as CHECK compares it with a result's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RouteEntry {
@@ -241,18 +256,42 @@ impl Netlink {
 
     /// Ids of the BPF programs that the tc filters on the link's clsact ingress run.
     pub async fn ingress_bpf_programs(&self, index: u32) -> Result<Vec<u32>> {
-        let mut filters = self.handle.traffic_filter(index as i32).get().ingress().execute();
+        self.bpf_filter_programs(index, true).await
+    }
+
+    /// Ids of the BPF programs that the tc (cls_bpf) filters on one side of the link's clsact run.
+    pub async fn bpf_filter_programs(&self, index: u32, ingress: bool) -> Result<Vec<u32>> {
+        let request = self.handle.traffic_filter(index as i32).get();
+        let mut filters = if ingress { request.ingress() } else { request.egress() }.execute();
         let mut ids = Vec::new();
-        while let Some(msg) = filters.try_next().await.context("listing tc filters")? {
-            for attr in &msg.attributes {
-                let TcAttribute::Options(options) = attr else { continue };
-                ids.extend(options.iter().filter_map(|o| match o {
-                    TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => Some(*id),
-                    _ => None,
-                }));
+        loop {
+            match filters.try_next().await {
+                Ok(Some(msg)) => ids.extend(msg.attributes.iter().flat_map(bpf_program_ids)),
+                Ok(None) => break,
+                // A link without a clsact qdisc has no filters to list.
+                Err(e) if is_not_found(&e) || is_invalid(&e) => break,
+                Err(e) => return Err(e).context("listing tc filters"),
             }
         }
         Ok(ids)
+    }
+
+    /// Every link of the namespace: (index, name, alias).
+    pub async fn links(&self) -> Result<Vec<(u32, String, Option<String>)>> {
+        let mut links = self.handle.link().get().execute();
+        let mut found = Vec::new();
+        while let Some(msg) = links.try_next().await.context("listing links")? {
+            let (mut name, mut alias) = (String::new(), None);
+            for attr in msg.attributes {
+                match attr {
+                    LinkAttribute::IfName(n) => name = n,
+                    LinkAttribute::IfAlias(a) => alias = Some(a),
+                    _ => {}
+                }
+            }
+            found.push((msg.header.index, name, alias));
+        }
+        Ok(found)
     }
 
     pub async fn link_name(&self, index: u32) -> Result<Option<String>> {

@@ -1,0 +1,43 @@
+//! `inspect logs`: the TC programs' aya-log records, read from the ring buffer of the pinned
+//! programs (all three share one) and printed one per line on stdout.
+use std::{io::Write as _, thread::sleep, time::Duration};
+
+use anyhow::{Context as _, Result};
+use aya::programs::ProgramInfo;
+use aya_log::EbpfLogger;
+use ebpf_common::names;
+use log::{Log, Metadata, Record};
+
+use crate::bpf::Pins;
+
+/// How often `--follow` polls the ring buffer.
+const POLL: Duration = Duration::from_millis(200);
+
+struct Stdout;
+
+impl Log for Stdout {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        let _ = writeln!(std::io::stdout().lock(), "{:5} {}", record.level(), record.args());
+    }
+
+    fn flush(&self) {
+        let _ = std::io::stdout().flush();
+    }
+}
+
+pub fn read(pins: &Pins, follow: bool) -> Result<()> {
+    let program = ProgramInfo::from_pin(pins.program(names::FROM_POD)).context("opening pinned from_pod")?;
+    let mut logger = EbpfLogger::init_from_id_with_logger(program.id(), Stdout)
+        .context("opening the programs' log buffer (AYA_LOGS)")?;
+    loop {
+        logger.flush();
+        if !follow {
+            return Ok(());
+        }
+        sleep(POLL);
+    }
+}

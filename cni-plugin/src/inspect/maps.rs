@@ -1,0 +1,198 @@
+//! Rows of the map views: ENDPOINTS, NAT, METRICS and SETTINGS, opened from their pins.
+use std::net::Ipv4Addr;
+
+use anyhow::{Context as _, Result};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
+use ebpf_common::{Counter, DatapathConfig, DropReason, Endpoint, IpKey, NAT_EGRESS, NatEntry, NatKey, names};
+use serde::Serialize;
+
+use super::{programs::Interfaces, table::Row};
+use crate::{bpf::Pins, net::netlink::format_mac};
+
+fn open(pins: &Pins, name: &str) -> Result<Map> {
+    let path = pins.map(name);
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    Map::from_map_data(data).with_context(|| format!("{name} is not a map this build knows"))
+}
+
+/// The IPv4 address in a 16-byte address field.
+fn ipv4(addr: [u8; 16]) -> Ipv4Addr {
+    Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3])
+}
+
+#[derive(Serialize)]
+pub struct EndpointRow {
+    ip: Ipv4Addr,
+    host_ifindex: u32,
+    host_ifname: String,
+    pod_mac: String,
+    host_mac: String,
+    /// The attachment's cookie (hash of container ID and ifname), as DEL and GC match it.
+    owner: String,
+    /// The pod's container ID and interface, from the host veth's alias.
+    container_id: Option<String>,
+    ifname: Option<String>,
+}
+
+impl Row for EndpointRow {
+    const HEADERS: &'static [&'static str] =
+        &["IP", "HOST VETH", "IFINDEX", "POD MAC", "GATEWAY MAC", "CONTAINER", "IFNAME"];
+    fn cells(&self) -> Vec<String> {
+        // Twelve characters of a container ID are what `crictl ps` and `docker ps` show.
+        let container = self.container_id.as_deref().map_or("?", |id| &id[..id.len().min(12)]);
+        vec![
+            self.ip.to_string(),
+            self.host_ifname.clone(),
+            self.host_ifindex.to_string(),
+            self.pod_mac.clone(),
+            self.host_mac.clone(),
+            container.to_string(),
+            self.ifname.clone().unwrap_or_else(|| "?".into()),
+        ]
+    }
+}
+
+pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
+    let map: HashMap<_, IpKey, Endpoint> = HashMap::try_from(open(pins, names::ENDPOINTS)?)?;
+    let mut rows: Vec<EndpointRow> = map
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(key, ep)| (key, ep, names.attachment(ep.host_ifindex).unzip()))
+        .map(|(key, ep, (container_id, ifname))| EndpointRow {
+            ip: ipv4(key.addr),
+            host_ifindex: ep.host_ifindex,
+            host_ifname: names.name(ep.host_ifindex),
+            pod_mac: format_mac(ep.pod_mac),
+            host_mac: format_mac(ep.host_mac),
+            owner: format!("{:016x}", ep.owner),
+            container_id,
+            ifname,
+        })
+        .collect();
+    rows.sort_by_key(|r| r.ip);
+    Ok(rows)
+}
+
+#[derive(Serialize)]
+pub struct NatRow {
+    /// `egress` (pod → outside, source rewritten) or `reply` (outside → node, destination
+    /// rewritten).
+    direction: &'static str,
+    protocol: &'static str,
+    src: String,
+    dst: String,
+    /// What the rewritten address becomes.
+    translated: String,
+    owner: String,
+    idle_seconds: u64,
+}
+
+impl Row for NatRow {
+    const HEADERS: &'static [&'static str] =
+        &["DIR", "PROTO", "SOURCE", "DESTINATION", "REWRITTEN TO", "IDLE", "OWNER"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.direction.into(),
+            self.protocol.into(),
+            self.src.clone(),
+            self.dst.clone(),
+            self.translated.clone(),
+            format!("{}s", self.idle_seconds),
+            self.owner.clone(),
+        ]
+    }
+}
+
+pub fn nat(pins: &Pins) -> Result<Vec<NatRow>> {
+    let map: HashMap<_, NatKey, NatEntry> = HashMap::try_from(open(pins, names::NAT)?)?;
+    // The programs stamp entries with bpf_ktime_get_ns: CLOCK_MONOTONIC.
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
+    let now_ns = now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64;
+    let mut rows: Vec<NatRow> = map
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(key, entry)| NatRow {
+            direction: if entry.direction == NAT_EGRESS { "egress" } else { "reply" },
+            protocol: match key.protocol {
+                6 => "tcp",
+                17 => "udp",
+                1 => "icmp",
+                _ => "other",
+            },
+            src: format!("{}:{}", ipv4(key.src_addr), key.src_port),
+            dst: format!("{}:{}", ipv4(key.dst_addr), key.dst_port),
+            translated: format!("{}:{}", ipv4(entry.addr), entry.port),
+            owner: format!("{:016x}", entry.owner),
+            idle_seconds: now_ns.saturating_sub(entry.last_seen_ns) / 1_000_000_000,
+        })
+        .collect();
+    rows.sort_by(|a, b| (a.direction, &a.src, &a.dst).cmp(&(b.direction, &b.src, &b.dst)));
+    Ok(rows)
+}
+
+#[derive(Serialize)]
+pub struct CounterRow {
+    reason: u32,
+    name: &'static str,
+    packets: u64,
+    bytes: u64,
+}
+
+impl Row for CounterRow {
+    const HEADERS: &'static [&'static str] = &["REASON", "NAME", "PACKETS", "BYTES"];
+    fn cells(&self) -> Vec<String> {
+        vec![self.reason.to_string(), self.name.into(), self.packets.to_string(), self.bytes.to_string()]
+    }
+}
+
+pub fn counters(pins: &Pins) -> Result<Vec<CounterRow>> {
+    let map: PerCpuArray<_, Counter> = PerCpuArray::try_from(open(pins, names::METRICS)?)?;
+    DropReason::ALL
+        .iter()
+        .map(|&reason| {
+            let per_cpu =
+                map.get(&(reason as u32), 0).with_context(|| format!("reading METRICS[{}]", reason as u32))?;
+            Ok(CounterRow {
+                reason: reason as u32,
+                name: reason.name(),
+                packets: per_cpu.iter().map(|c| c.packets).sum(),
+                bytes: per_cpu.iter().map(|c| c.bytes).sum(),
+            })
+        })
+        .collect()
+}
+
+#[derive(Serialize)]
+pub struct SettingsRow {
+    cluster_cidr: String,
+    masquerade: bool,
+    node_ip: Ipv4Addr,
+    uplink_ifindex: u32,
+    uplink: String,
+    masq_ports: String,
+}
+
+impl Row for SettingsRow {
+    const HEADERS: &'static [&'static str] = &["CLUSTER CIDR", "MASQUERADE", "NODE IP", "UPLINK", "PORTS"];
+    fn cells(&self) -> Vec<String> {
+        let (node_ip, uplink, ports) = if self.masquerade {
+            (self.node_ip.to_string(), format!("{} ({})", self.uplink, self.uplink_ifindex), self.masq_ports.clone())
+        } else {
+            ("-".into(), "-".into(), "-".into())
+        };
+        vec![self.cluster_cidr.clone(), self.masquerade.to_string(), node_ip, uplink, ports]
+    }
+}
+
+pub fn settings(pins: &Pins, names: &Interfaces) -> Result<Vec<SettingsRow>> {
+    let map: Array<_, DatapathConfig> = Array::try_from(open(pins, names::SETTINGS)?)?;
+    let c = map.get(&0, 0).context("reading SETTINGS")?;
+    Ok(vec![SettingsRow {
+        cluster_cidr: format!("{}/{}", Ipv4Addr::from(c.cluster_ipv4), c.cluster_prefix),
+        masquerade: c.masquerade != 0,
+        node_ip: Ipv4Addr::from(c.node_ipv4),
+        uplink_ifindex: c.uplink_ifindex,
+        uplink: if c.masquerade != 0 { names.name(c.uplink_ifindex) } else { String::new() },
+        masq_ports: format!("{}-{}", c.port_min, c.port_max),
+    }])
+}
