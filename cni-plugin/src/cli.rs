@@ -18,6 +18,10 @@ enum Sub {
     CniVersions,
     /// Show what a network's datapath holds: endpoints, NAT, drop counters, programs, logs.
     Inspect(crate::inspect::Inspect),
+    /// Install this binary into <root>/opt/cni/bin and write <root>/etc/cni/net.d/10-ebpf-cni.conflist.
+    Install(crate::install::Install),
+    /// Keep routes to the other nodes' pod CIDRs (host-gw) in step with the cluster's nodes.
+    Agent(crate::agent::Agent),
 }
 
 pub fn run() -> ExitCode {
@@ -27,6 +31,11 @@ pub fn run() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Sub::Inspect(args)) => report(crate::inspect::run(args)),
+        Some(Sub::Install(args)) => report(crate::install::run(args)),
+        Some(Sub::Agent(args)) => {
+            crate::logging::init();
+            report(crate::agent::run(args))
+        }
         None => {
             eprintln!("ebpf-cni is run by a container runtime with CNI_COMMAND set; see --help");
             ExitCode::from(2)

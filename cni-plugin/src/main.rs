@@ -1,5 +1,6 @@
 //! `ebpf-cni`: a CNI plugin whose datapath is eBPF. Run by a container runtime (CNI_COMMAND set)
 //! it performs one CNI verb; run by hand it is a small CLI.
+mod agent;
 mod attachment;
 mod bpf;
 mod cli;
@@ -7,7 +8,9 @@ mod cmd;
 mod cni;
 mod fault;
 mod inspect;
+mod install;
 mod ipam;
+mod kube;
 mod logging;
 mod net;
 

@@ -72,7 +72,7 @@ pub fn run(args: Inspect) -> Result<()> {
     let names = match &args.netns {
         Some(path) => {
             let ns = Netns::open(path).with_context(|| format!("opening {}", path.display()))?;
-            ns.run(|| programs::Interfaces::read()).context("entering the node's namespace")??
+            ns.run(programs::Interfaces::read).context("entering the node's namespace")??
         }
         None => programs::Interfaces::read()?,
     };

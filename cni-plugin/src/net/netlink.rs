@@ -52,7 +52,7 @@ pub struct Link {
 }
 
 pub struct Netlink {
-    handle: Handle,
+    pub(super) handle: Handle,
 }
 
 impl Netlink {

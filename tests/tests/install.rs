@@ -1,0 +1,129 @@
+//! `ebpf-cni install --root <dir>`: the binary and the conflist land in a throwaway root as the
+//! DaemonSet's init container puts them on a node, from a pod CIDR given or read from a Node
+//! object; and a runtime using exactly what was installed gives a pod its address.
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use ebpf_cni_tests::{
+    Testbed,
+    runtime::{Runtime, Sandbox},
+};
+use serde_json::{Value, json};
+
+fn install(binary: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(binary).arg("install").args(args).env_remove("NODE_NAME").output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+fn conflist(root: &Path) -> Value {
+    serde_json::from_str(&fs::read_to_string(root.join("etc/cni/net.d/10-ebpf-cni.conflist")).unwrap()).unwrap()
+}
+
+/// A throwaway root inside the testbed's own directory (removed with it).
+fn root_of(tb: &Testbed) -> PathBuf {
+    tb.data_dir().with_file_name("root")
+}
+
+#[test]
+fn installs_binary_and_conflist_into_a_root() {
+    let Some(mut tb) = Testbed::for_test("installs_binary_and_conflist_into_a_root", "inst", "10.251.7.0/24") else {
+        return;
+    };
+    let root = root_of(&tb);
+    let binary = tb.plugin.binary.clone();
+    let root_arg = root.to_str().unwrap();
+    let (ok, stdout, stderr) = install(
+        &binary,
+        &["--root", root_arg, "--pod-cidr", "10.251.7.0/24", "--cluster-cidr", "10.251.0.0/16", "--masquerade"],
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("wrote"), "{stdout}");
+
+    let installed = root.join("opt/cni/bin/ebpf-cni");
+    assert_eq!(fs::read(&installed).unwrap(), fs::read(&binary).unwrap(), "a byte-for-byte copy");
+    assert_eq!(fs::metadata(&installed).unwrap().permissions().mode() & 0o777, 0o755);
+    let list = conflist(&root);
+    assert_eq!(list["cniVersion"], "1.0.0");
+    assert_eq!(list["name"], "ebpf-cni");
+    let plugin = &list["plugins"][0];
+    assert_eq!(plugin["type"], "ebpf-cni");
+    assert_eq!(plugin["ipMasq"], true);
+    assert_eq!(plugin["clusterCIDR"], "10.251.0.0/16");
+    assert_eq!(plugin["ipam"]["ranges"][0][0]["subnet"], "10.251.7.0/24");
+    for dir in ["opt/cni/bin", "etc/cni/net.d"] {
+        let names: Vec<String> =
+            fs::read_dir(root.join(dir)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names.len(), 1, "no temporary file left in {dir}: {names:?}");
+    }
+
+    // Again: the binary is replaced (a new inode: running copies keep theirs), the conflist,
+    // unchanged, is not rewritten.
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+    let (conf_inode, bin_inode) = (inode(&root.join("etc/cni/net.d/10-ebpf-cni.conflist")), inode(&installed));
+    let (ok, stdout, _) = install(
+        &binary,
+        &["--root", root_arg, "--pod-cidr", "10.251.7.0/24", "--cluster-cidr", "10.251.0.0/16", "--masquerade"],
+    );
+    assert!(ok && stdout.contains("up to date"), "{stdout}");
+    assert_eq!(inode(&root.join("etc/cni/net.d/10-ebpf-cni.conflist")), conf_inode);
+    assert_ne!(inode(&installed), bin_inode);
+
+    // A runtime with the installed binary first in CNI_PATH and the installed conflist (its
+    // state redirected into the testbed instead of the machine's /var/lib/cni and bpffs).
+    let mut list = conflist(&root);
+    list["plugins"][0]["ipMasq"] = json!(false);
+    list["plugins"][0]["bpffsRoot"] = json!(tb.bpffs_root());
+    list["plugins"][0]["ipam"]["dataDir"] = json!(tb.data_dir());
+    let mut runtime = Runtime::for_testbed(&tb);
+    runtime.search_first(root.join("opt/cni/bin"));
+    let list = runtime.load(&list).unwrap();
+    let pod = tb.new_pod().unwrap();
+    let sandbox: Sandbox = tb.sandbox(pod);
+    let result = runtime.add(&list, &sandbox).unwrap();
+    assert_eq!(result["ips"][0]["address"], "10.251.7.2/24", "{result}");
+    runtime.del(&list, &sandbox).unwrap();
+    assert!(tb.leftovers().unwrap().is_empty());
+}
+
+#[test]
+fn reads_the_pod_cidr_of_its_node() {
+    let Some(tb) = Testbed::for_test("reads_the_pod_cidr_of_its_node", "instn", "10.251.8.0/24") else {
+        return;
+    };
+    let root = root_of(&tb);
+    let nodes = tb.data_dir().with_file_name("nodes.json");
+    fs::write(
+        &nodes,
+        json!({"kind": "NodeList", "items": [
+            {"metadata": {"name": "n1"}, "spec": {"podCIDR": "10.251.8.0/24"}},
+            {"metadata": {"name": "n2"}, "spec": {}},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let (root_arg, nodes_arg) = (root.to_str().unwrap(), nodes.to_str().unwrap());
+    let (ok, _, stderr) = install(&tb.plugin.binary, &["--root", root_arg, "--node", "n1", "--nodes-file", nodes_arg]);
+    assert!(ok, "{stderr}");
+    assert_eq!(conflist(&root)["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.251.8.0/24");
+    assert_eq!(conflist(&root)["plugins"][0]["ipMasq"], false);
+
+    // Nothing is written when the pod CIDR cannot be known.
+    let empty = root.with_file_name("root2");
+    for (args, says) in [
+        (vec!["--node", "n2", "--nodes-file", nodes_arg], "has no IPv4 spec.podCIDR"),
+        (vec!["--node", "n9", "--nodes-file", nodes_arg], "no node named"),
+        (vec![], "give --pod-cidr"),
+        (vec!["--pod-cidr", "10.0.0.0/33"], "invalid value"),
+    ] {
+        let mut full = vec!["--root", empty.to_str().unwrap()];
+        full.extend(args);
+        let (ok, _, stderr) = install(&tb.plugin.binary, &full);
+        assert!(!ok && stderr.contains(says), "{full:?}: {stderr}");
+        assert!(!empty.exists(), "{full:?} wrote something");
+    }
+}
