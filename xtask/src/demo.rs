@@ -18,7 +18,7 @@ use serde_json::Value;
 /// Pods per node: two on node 1 (same-node path), one on node 2 (cross-node path).
 const PODS: [usize; 2] = [2, 1];
 
-pub fn run(binary: PathBuf) -> Result<()> {
+pub fn run(binary: PathBuf, hold: bool) -> Result<()> {
     if !require_privileges("demo") {
         bail!("the demo creates network namespaces and loads eBPF: run it as root");
     }
@@ -26,6 +26,8 @@ pub fn run(binary: PathBuf) -> Result<()> {
     for node in &mut c.nodes {
         node.plugin = Plugin { binary: binary.clone() };
     }
+    // Node 1's programs log new masqueraded flows (read below with `inspect logs`).
+    c.nodes[0].extra.insert("ebpfLogLevel".into(), serde_json::json!("info"));
     println!("== node 1 {} (uplink {NODE1_UPLINK_IP} to {}, server {EXT_SERVER})", c.nodes[0].node.name, c.ext.name);
     println!("== node 2 {} (underlay to node 1, route to each other's pod subnet)", c.nodes[1].node.name);
     println!(
@@ -83,11 +85,22 @@ pub fn run(binary: PathBuf) -> Result<()> {
     iperf3(&c.ext.name, &ips[0].1, EXT_SERVER)?;
 
     let node1 = &c.nodes[0];
+    let inspect_args = inspect_args(node1);
+    for view in ["endpoints", "nat", "counters", "settings", "programs", "logs"] {
+        println!("\n== ebpf-cni inspect {view} {}", inspect_args.join(" "));
+        let mut args = vec!["inspect", view];
+        args.extend(inspect_args.iter().map(String::as_str));
+        let out = ebpf_cni_tests::run(binary.to_str().context("path")?, &args)?;
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
     for map in ["SETTINGS", "NAT", "ENDPOINTS", "METRICS"] {
         let pin = node1.map_pin(map);
         println!("\n== bpftool map dump pinned {}", pin.display());
         let out = ebpf_cni_tests::run("bpftool", &["map", "dump", "pinned", pin.to_str().context("path")?])?;
         print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
+    if hold {
+        hold_for_user(&binary, node1, &inspect_args)?;
     }
     let rules = run_in(&node1.node.name, "iptables-save", &[])?;
     let rules = String::from_utf8_lossy(&rules.stdout).lines().filter(|l| l.starts_with("-A")).count();
@@ -141,9 +154,38 @@ fn check_status_gc(node: &Testbed, results: &[Value]) -> Result<()> {
         (0..gone).map(|p| serde_json::json!({ "containerID": node.pods[p].container_id, "ifname": "eth0" })).collect();
     let mut conf = node.conf("1.1.0");
     conf["cni.dev/valid-attachments"] = Value::Array(valid);
+    conf["logLevel"] = Value::from("info"); // GC says what it removed at info level
     let out = node.cni_raw(&[("CNI_COMMAND", "GC"), ("CNI_PATH", "/usr/lib/cni")], &conf.to_string())?;
     ensure!(out.success, "GC failed: {}", out.stdout);
     println!("{}", out.stderr.trim());
+    Ok(())
+}
+
+/// Where `inspect` finds node 1's datapath: its bpffs root and network namespace.
+fn inspect_args(node: &Testbed) -> Vec<String> {
+    vec![
+        "--network".into(),
+        node.network.clone(),
+        "--bpffs-root".into(),
+        node.bpffs_root().display().to_string(),
+        "--netns".into(),
+        format!("/run/netns/{}", node.node.name),
+    ]
+}
+
+/// `--hold`: the cluster stays up while the user looks at it from another terminal.
+fn hold_for_user(binary: &std::path::Path, node: &Testbed, inspect_args: &[String]) -> Result<()> {
+    println!("\n== the demo is held: from another terminal, as root, try");
+    for view in ["endpoints", "nat", "counters", "programs", "logs --follow"] {
+        println!("  {} inspect {view} {}", binary.display(), inspect_args.join(" "));
+    }
+    for map in ["ENDPOINTS", "NAT", "METRICS", "SETTINGS"] {
+        println!("  bpftool map dump pinned {}", node.map_pin(map).display());
+    }
+    println!("  nsenter --net=/run/netns/{} ip route", node.node.name);
+    println!("press Enter to go on (DEL every pod, check nothing is left, remove the namespaces)");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
     Ok(())
 }
 

@@ -25,8 +25,14 @@ enum Task {
     /// Run every test, the privileged namespace/eBPF ones included (needs root), then the
     /// benchmarks in smoke mode (every figure produced, seconds per section).
     Test,
-    /// Three pods on a throwaway node: ADD, ping, iperf3, bpftool, DEL, nothing left.
-    Demo,
+    /// Three pods on two throwaway nodes: ADD, ping, masquerade, iperf3, inspect, bpftool,
+    /// CHECK, STATUS, GC, DEL, nothing left.
+    Demo {
+        /// Keep the cluster up after the inspection until Enter is pressed, and print the
+        /// inspect and bpftool commands to run meanwhile.
+        #[arg(long)]
+        hold: bool,
+    },
     /// Benchmarks against the reference bridge plugin (arguments go to the bench binary).
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -49,9 +55,9 @@ fn main() -> Result<()> {
             cmd::cargo_with_env(&["test", "--no-fail-fast"], &env)?;
             cmd::cargo_with_env(&["run", "--quiet", "--package", "bench", "--", "--smoke"], &env)
         }
-        Task::Demo => {
+        Task::Demo { hold } => {
             setup::run()?;
-            demo::run(cmd::build_plugin(true)?)
+            demo::run(cmd::build_plugin(true)?, hold)
         }
         Task::Bench { args } => {
             setup::run()?;

@@ -71,11 +71,12 @@ impl Call {
 
 impl std::fmt::Display for Call {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} container={:?} ifname={:?} network={:?}",
-            self.command, self.container_id, self.ifname, self.network
-        )
+        write!(f, "{}", self.command)?;
+        // GC, STATUS and VERSION name no attachment.
+        if !self.container_id.is_empty() {
+            write!(f, " container={:?} ifname={:?}", self.container_id, self.ifname)?;
+        }
+        write!(f, " network={:?}", self.network)
     }
 }
 

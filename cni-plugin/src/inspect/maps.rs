@@ -38,8 +38,7 @@ impl Row for EndpointRow {
     const HEADERS: &'static [&'static str] =
         &["IP", "HOST VETH", "IFINDEX", "POD MAC", "GATEWAY MAC", "CONTAINER", "IFNAME"];
     fn cells(&self) -> Vec<String> {
-        // Twelve characters of a container ID are what `crictl ps` and `docker ps` show.
-        let container = self.container_id.as_deref().map_or("?", |id| &id[..id.len().min(12)]);
+        let container = self.container_id.as_deref().map_or("?", short_id);
         vec![
             self.ip.to_string(),
             self.host_ifname.clone(),
@@ -50,6 +49,12 @@ impl Row for EndpointRow {
             self.ifname.clone().unwrap_or_else(|| "?".into()),
         ]
     }
+}
+
+/// A 64-digit hex container ID (containerd, CRI-O, podman) as `crictl ps` shows it: its first
+/// twelve digits. Other IDs are shown whole.
+fn short_id(id: &str) -> &str {
+    if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) { &id[..12] } else { id }
 }
 
 pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
