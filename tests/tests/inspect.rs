@@ -84,12 +84,15 @@ fn every_view_shows_what_the_datapath_holds() {
     let reply = nat.iter().find(|r| r["direction"] == "reply").expect("a reply entry");
     assert_eq!(reply["translated"], format!("{}:4242", pods[0].ip));
 
+    // The pods' own IPv6 router solicitations add drops of this reason at any time.
+    let before = node.drops(DropReason::UnsupportedProtocol).unwrap();
     let counters = json_view(node, "counters");
+    let after = node.drops(DropReason::UnsupportedProtocol).unwrap();
     assert_eq!(counters.len(), DropReason::ALL.len(), "every reason is listed, zero or not");
     let unsupported = counters.iter().find(|r| r["name"] == "unsupported-protocol").unwrap();
     assert_eq!(unsupported["reason"], DropReason::UnsupportedProtocol as u32);
-    assert_eq!(unsupported["packets"], node.drops(DropReason::UnsupportedProtocol).unwrap());
-    assert!(unsupported["packets"].as_u64().unwrap() >= 1);
+    let packets = unsupported["packets"].as_u64().unwrap();
+    assert!(before >= 1 && (before..=after).contains(&packets), "{before} <= {packets} <= {after}");
 
     let settings = json_view(node, "settings");
     assert_eq!(settings[0]["cluster_cidr"], "10.249.0.0/16");
@@ -134,7 +137,7 @@ fn every_view_shows_what_the_datapath_holds() {
     let pod = node2.new_pod().unwrap();
     node2.add(pod).unwrap();
     send_lldp(&node2.pods[pod].netns.name);
-    assert_eq!(node2.drops(DropReason::UnsupportedProtocol).unwrap(), 1);
+    assert!(node2.drops(DropReason::UnsupportedProtocol).unwrap() >= 1);
     let (ok, logs, stderr) = inspect(node2, &["logs"]);
     assert!(ok && logs.is_empty(), "logs off by default: {logs} {stderr}");
 }

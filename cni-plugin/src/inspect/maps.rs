@@ -69,7 +69,7 @@ pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
             host_ifname: names.name(ep.host_ifindex),
             pod_mac: format_mac(ep.pod_mac),
             host_mac: format_mac(ep.host_mac),
-            owner: format!("{:016x}", ep.owner),
+            owner: ep.owner.to_string(),
             container_id,
             ifname,
         })
@@ -127,7 +127,7 @@ pub fn nat(pins: &Pins) -> Result<Vec<NatRow>> {
             src: format!("{}:{}", ipv4(key.src_addr), key.src_port),
             dst: format!("{}:{}", ipv4(key.dst_addr), key.dst_port),
             translated: format!("{}:{}", ipv4(entry.addr), entry.port),
-            owner: format!("{:016x}", entry.owner),
+            owner: entry.owner.to_string(),
             idle_seconds: now_ns.saturating_sub(entry.last_seen_ns) / 1_000_000_000,
         })
         .collect();
