@@ -18,7 +18,7 @@ pub struct Agent {
     #[command(flatten)]
     source: kube::Source,
     /// Seconds between two syncs.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     interval: u64,
     /// Sync once and exit (non-zero if the sync failed).
     #[arg(long)]

@@ -8,7 +8,7 @@ use futures::TryStreamExt as _;
 use ipnetwork::Ipv4Network;
 use rtnetlink::{
     RouteMessageBuilder,
-    packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteProtocol},
+    packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol},
 };
 
 use super::netlink::Netlink;
@@ -18,6 +18,14 @@ pub const AGENT_ROUTE_PROTOCOL: u8 = 236;
 
 fn ours() -> RouteProtocol {
     RouteProtocol::Other(AGENT_ROUTE_PROTOCOL)
+}
+
+fn agent_route(dst: Ipv4Network, gw: Ipv4Addr) -> RouteMessage {
+    RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(dst.network(), dst.prefix())
+        .gateway(gw)
+        .protocol(ours())
+        .build()
 }
 
 impl Netlink {
@@ -46,20 +54,12 @@ impl Netlink {
 
     /// Adds `dst via gw`, or changes the gateway of an existing route to `dst`.
     pub async fn set_agent_route(&self, dst: Ipv4Network, gw: Ipv4Addr) -> Result<()> {
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(dst.network(), dst.prefix())
-            .gateway(gw)
-            .protocol(ours())
-            .build();
-        self.handle.route().add(route).replace().execute().await.with_context(|| format!("route {dst} via {gw}"))
+        let request = self.handle.route().add(agent_route(dst, gw)).replace();
+        request.execute().await.with_context(|| format!("route {dst} via {gw}"))
     }
 
     pub async fn delete_agent_route(&self, dst: Ipv4Network, gw: Ipv4Addr) -> Result<()> {
-        let route = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(dst.network(), dst.prefix())
-            .gateway(gw)
-            .protocol(ours())
-            .build();
-        self.handle.route().del(route).execute().await.with_context(|| format!("deleting route {dst} via {gw}"))
+        let request = self.handle.route().del(agent_route(dst, gw));
+        request.execute().await.with_context(|| format!("deleting route {dst} via {gw}"))
     }
 }
