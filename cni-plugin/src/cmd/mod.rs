@@ -32,14 +32,17 @@ pub fn run() -> ExitCode {
         Err(e) => Err(CniError::new(ErrorCode::IO, "cannot read stdin").with_details(e)),
     };
     crate::fault::report_open_fds();
-    let call = Call::of(&stdin);
+    let took_ms = started.elapsed().as_secs_f64() * 1e3;
     let (out, code) = match outcome {
         Ok(out) => {
-            log::info!("{call} {:.1}ms ok", started.elapsed().as_secs_f64() * 1e3);
+            // Reading the call's names again costs a parse: only when the line is written.
+            if log::log_enabled!(log::Level::Info) {
+                log::info!("{} {took_ms:.1}ms ok", Call::of(&stdin));
+            }
             (out, ExitCode::SUCCESS)
         }
         Err(err) => {
-            log::error!("{call} {:.1}ms failed: {err}", started.elapsed().as_secs_f64() * 1e3);
+            log::error!("{} {took_ms:.1}ms failed: {err}", Call::of(&stdin));
             (Some(err.to_json(&asked_version)), ExitCode::FAILURE)
         }
     };
