@@ -127,8 +127,18 @@ fn reads_nodes_from_an_api_server() {
     run_in(&c.nodes[0].node.name, "ip", &["route", "del", SUBNETS[1]]).unwrap();
     let body = json!({ "kind": "NodeList", "items": [node("node-2", Some(SUBNETS[1]), UNDERLAY_IPS[1])] }).to_string();
     let at = SocketAddrV4::new(UNDERLAY_IPS[0].parse().unwrap(), 6443);
-    let listener = traffic::tcp_listener(&c.nodes[0].node.name, at).unwrap();
-    let server = std::thread::spawn(move || {
+    let server = serve_once(&c.nodes[0].node.name, at, body);
+    let (ok, stderr) = agent(&c, 0, &["--api-server", &format!("http://{at}")]);
+    let request = server.join().unwrap();
+    assert!(ok, "{stderr}");
+    assert!(request.starts_with("GET /api/v1/nodes HTTP/1.1\r\n"), "{request}");
+    assert_eq!(routes(&c, 0), [format!("{} via {} proto 236", SUBNETS[1], UNDERLAY_IPS[1])]);
+}
+
+/// A fake API server: answers one request with `body`; returns the request it got.
+fn serve_once(netns: &str, at: SocketAddrV4, body: String) -> std::thread::JoinHandle<String> {
+    let listener = traffic::tcp_listener(netns, at).unwrap();
+    std::thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
         let mut request = Vec::new();
         let mut buf = [0; 4096];
@@ -144,10 +154,30 @@ fn reads_nodes_from_an_api_server() {
         stream.write_all(head.as_bytes()).unwrap();
         stream.write_all(body.as_bytes()).unwrap();
         String::from_utf8(request).unwrap()
-    });
-    let (ok, stderr) = agent(&c, 0, &["--api-server", &format!("http://{at}")]);
+    })
+}
+
+/// The installer asks the API server for its own node only, not for the list of all nodes.
+#[test]
+fn installer_fetches_only_its_node() {
+    let Some(c) = Cluster::for_test("installer_fetches_only_its_node", "agti", "10.252.0.0/16", SUBNETS) else {
+        return;
+    };
+    let at = SocketAddrV4::new(UNDERLAY_IPS[0].parse().unwrap(), 6443);
+    let server = serve_once(&c.nodes[0].node.name, at, node("node-1", Some(SUBNETS[0]), UNDERLAY_IPS[0]).to_string());
+    let root = c.nodes[0].data_dir().with_file_name("root");
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", c.nodes[0].node.name))
+        .arg(&c.nodes[0].plugin.binary)
+        .args(["install", "--node", "node-1", "--api-server", &format!("http://{at}")])
+        .args(["--root", root.to_str().unwrap()])
+        .output()
+        .unwrap();
     let request = server.join().unwrap();
-    assert!(ok, "{stderr}");
-    assert!(request.starts_with("GET /api/v1/nodes HTTP/1.1\r\n"), "{request}");
-    assert_eq!(routes(&c, 0), [format!("{} via {} proto 236", SUBNETS[1], UNDERLAY_IPS[1])]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(request.starts_with("GET /api/v1/nodes/node-1 HTTP/1.1\r\n"), "{request}");
+    let conflist: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("etc/cni/net.d/10-ebpf-cni.conflist")).unwrap())
+            .unwrap();
+    assert_eq!(conflist["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], SUBNETS[0]);
 }

@@ -67,23 +67,23 @@ pub fn run(args: Inspect) -> Result<()> {
             args.bpffs_root.display()
         );
     }
-    // Maps are opened by path before switching: bpffs belongs to the mount namespace, not the
-    // network one.
-    let names = match &args.netns {
-        Some(path) => {
-            let ns = Netns::open(path).with_context(|| format!("opening {}", path.display()))?;
-            ns.run(programs::Interfaces::read).context("entering the node's namespace")??
-        }
-        None => programs::Interfaces::read()?,
-    };
+    let netns = args.netns.as_deref();
     match args.view {
-        View::Endpoints => table::print(&maps::endpoints(&pins, &names)?, args.output),
+        View::Endpoints => table::print(&maps::endpoints(&pins, &interfaces(netns)?)?, args.output),
         View::Nat => table::print(&maps::nat(&pins)?, args.output),
         View::Counters => table::print(&maps::counters(&pins)?, args.output),
-        View::Settings => table::print(&maps::settings(&pins, &names)?, args.output),
-        View::Programs => table::print(&programs::rows(&pins, &names)?, args.output),
+        View::Settings => table::print(&maps::settings(&pins, &interfaces(netns)?)?, args.output),
+        View::Programs => table::print(&programs::rows(&pins, &interfaces(netns)?)?, args.output),
         View::Logs { follow } => logs::read(&pins, follow),
     }
+}
+
+/// The node's interfaces and their programs, read in its namespace. Maps are opened by path
+/// either way: bpffs belongs to the mount namespace, not the network one.
+fn interfaces(netns: Option<&Path>) -> Result<programs::Interfaces> {
+    let Some(path) = netns else { return programs::Interfaces::read() };
+    let ns = Netns::open(path).with_context(|| format!("opening {}", path.display()))?;
+    ns.run(programs::Interfaces::read).context("entering the node's namespace")?
 }
 
 /// The network to show when none is named: the only directory under the root.

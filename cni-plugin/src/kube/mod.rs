@@ -52,7 +52,13 @@ impl Source {
         }
     }
 
+    /// One node. From the API server only that node is fetched: every node's installer runs at
+    /// once on a DaemonSet rollout, and listing all nodes each time would cost N² on a big cluster.
     pub fn node(&self, name: &str) -> Result<Node> {
+        if self.nodes_file.is_none() {
+            let text = Api::in_cluster(self.api_server.as_deref())?.get(&format!("/api/v1/nodes/{name}"))?;
+            return serde_json::from_str(&text).with_context(|| format!("node {name:?}: not a Node"));
+        }
         let nodes = self.nodes()?;
         nodes.into_iter().find(|n| n.metadata.name == name).with_context(|| format!("no node named {name:?}"))
     }
