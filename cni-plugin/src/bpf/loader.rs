@@ -12,6 +12,7 @@ use ebpf_common::{DatapathConfig, names};
 
 use super::{
     datapath::{Datapath, attach_pinned, internal},
+    kernel_btf,
     settings::{Describe, Settings},
 };
 use crate::cni::{CniError, CniResult, Context, ErrorCode};
@@ -39,7 +40,11 @@ impl Datapath {
                 .create(self.pins.version_dir().join(dir))
                 .cni(ErrorCode::DATAPATH, "cannot create pin directories")?;
         }
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = {
+            let _hidden = kernel_btf::Hidden::unless_needed(OBJECT);
+            EbpfLoader::new()
+        };
+        let mut ebpf = loader
             .override_global(names::CONFIG, &settings.config, true)
             .override_global(aya_log::LEVEL, &settings.log_level, true)
             .load(OBJECT)
@@ -91,13 +96,27 @@ impl Datapath {
     }
 
     /// TCX egress (masquerade) and ingress (replies) of the uplink, each link pinned; they go
-    /// with the rest of the network's pins.
+    /// with the rest of the network's pins. Both at once: each TCX attach waits for an RCU
+    /// grace period (8–15 ms here), and two threads wait for theirs together.
     fn attach_uplink(&self, ebpf: &mut Ebpf, uplink: &str) -> CniResult<()> {
-        for (name, direction) in [(names::TO_UPLINK, TcAttachType::Egress), (names::FROM_UPLINK, TcAttachType::Ingress)]
-        {
-            attach_pinned(classifier(ebpf, name)?, uplink, direction, &self.pins.uplink_link(name))?;
+        let (mut egress, mut ingress) = (None, None);
+        for (name, program) in ebpf.programs_mut() {
+            let slot = match name {
+                names::TO_UPLINK => &mut egress,
+                names::FROM_UPLINK => &mut ingress,
+                _ => continue,
+            };
+            *slot = Some(<&mut SchedClassifier>::try_from(program).cni(ErrorCode::INTERNAL, "not a classifier")?);
         }
-        Ok(())
+        let missing = || internal("object lacks an uplink program");
+        let (egress, ingress) = (egress.ok_or_else(missing)?, ingress.ok_or_else(missing)?);
+        let (egress_pin, ingress_pin) =
+            (self.pins.uplink_link(names::TO_UPLINK), self.pins.uplink_link(names::FROM_UPLINK));
+        std::thread::scope(|s| {
+            let out = s.spawn(|| attach_pinned(egress, uplink, TcAttachType::Egress, &egress_pin));
+            let back = attach_pinned(ingress, uplink, TcAttachType::Ingress, &ingress_pin);
+            out.join().unwrap_or_else(|_| Err(internal("attaching to_uplink panicked"))).and(back)
+        })
     }
 
     /// Settings are fixed while the network has pods: a different configuration is refused
