@@ -1,7 +1,8 @@
 //! RAII guards for what a run creates outside its own process.
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -74,5 +75,51 @@ impl Drop for Bpffs {
         // Unmounting drops every pin in it; links and programs go with their last reference.
         let _ = Command::new("umount").arg(self.mount_point()).status();
         let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+/// A mount namespace of its own, held open by a sleeping child (killed by its PID on drop).
+/// Mounts of the node's namespace still reach it (`slave`: pods' netns files created later
+/// stay usable), but nothing mounted in it reaches the node: a test can play a fresh node
+/// without bpffs and let the plugin mount one.
+pub struct MountNamespace {
+    holder: Child,
+}
+
+impl MountNamespace {
+    pub fn create() -> Result<Self> {
+        let holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "slave", "sleep", "3600"])
+            .stdin(Stdio::null())
+            .spawn()
+            .context("spawning unshare")?;
+        let ns = Self { holder };
+        let ours = std::fs::read_link("/proc/self/ns/mnt")?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_link(ns.path()).ok().is_none_or(|theirs| theirs == ours) {
+            if Instant::now() > deadline {
+                bail!("unshare did not enter a new mount namespace");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(ns)
+    }
+
+    /// `/proc/<holder>/ns/mnt`, to enter it.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/mnt", self.holder.id()))
+    }
+
+    /// `path` as seen from inside the namespace.
+    pub fn inside(&self, path: &Path) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root", self.holder.id())).join(path.strip_prefix("/").unwrap_or(path))
+    }
+}
+
+impl Drop for MountNamespace {
+    fn drop(&mut self) {
+        // The namespace, and every mount made in it, goes with its last process.
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
     }
 }

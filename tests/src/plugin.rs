@@ -58,6 +58,11 @@ impl Plugin {
         exec_binary(&self.binary, node_netns, env, stdin)
     }
 
+    /// Like [`Self::exec`], also in the mount namespace `mount_ns` (a `/proc/<pid>/ns/mnt`).
+    pub fn exec_in(&self, node_netns: &str, mount_ns: &Path, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
+        exec_binary_in(&self.binary, node_netns, Some(mount_ns), env, stdin)
+    }
+
     /// The directory holding the binary: the first entry of CNI_PATH when chaining.
     pub fn dir(&self) -> PathBuf {
         self.binary.parent().map(PathBuf::from).unwrap_or_default()
@@ -68,13 +73,28 @@ impl Plugin {
 /// child enters the namespace itself between fork and exec (no `nsenter` in between), so the
 /// elapsed time is the plugin's, as a runtime that execs it directly sees it.
 pub fn exec_binary(binary: &Path, node_netns: &str, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
+    exec_binary_in(binary, node_netns, None, env, stdin)
+}
+
+fn exec_binary_in(
+    binary: &Path,
+    node_netns: &str,
+    mount_ns: Option<&Path>,
+    env: &[(&str, &str)],
+    stdin: &str,
+) -> Result<CniOutput> {
     let ns_path = format!("/run/netns/{node_netns}");
     let ns = File::open(&ns_path).with_context(|| format!("opening {ns_path}"))?;
+    let mnt = mount_ns.map(|p| File::open(p).with_context(|| format!("opening {}", p.display()))).transpose()?;
     let mut command = Command::new(binary);
-    // SAFETY: setns is a single syscall on a descriptor the parent keeps open until spawn returns.
+    // SAFETY: setns is a single syscall on descriptors the parent keeps open until spawn returns.
     unsafe {
         command.pre_exec(move || {
-            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
+            use nix::sched::{CloneFlags, setns};
+            if let Some(mnt) = &mnt {
+                setns(mnt.as_fd(), CloneFlags::CLONE_NEWNS).map_err(std::io::Error::from)?;
+            }
+            setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
         });
     }
     let started = Instant::now();

@@ -52,6 +52,8 @@ pub struct Testbed {
     pub run_id: String,
     /// Extra top-level fields of every configuration [`Self::conf`] writes.
     pub extra: serde_json::Map<String, Value>,
+    /// The mount namespace the plugin runs in, when not the test's own (`/proc/<pid>/ns/mnt`).
+    pub mount_ns: Option<PathBuf>,
     bpffs: Bpffs,
 }
 
@@ -81,6 +83,7 @@ impl Testbed {
             subnet: subnet.to_string(),
             run_id,
             extra: serde_json::Map::new(),
+            mount_ns: None,
             bpffs,
         })
     }
@@ -210,7 +213,10 @@ impl Testbed {
     }
 
     pub fn cni_raw(&self, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
-        self.plugin.exec(&self.node.name, env, stdin)
+        match &self.mount_ns {
+            Some(mnt) => self.plugin.exec_in(&self.node.name, mnt, env, stdin),
+            None => self.plugin.exec(&self.node.name, env, stdin),
+        }
     }
 
     /// ADD in spec 1.0.0 that must succeed; returns the pod's address without prefix.

@@ -86,14 +86,17 @@ fn failure_after_the_veth_rolls_back_everything() {
         return;
     };
     let pod = tb.new_pod().unwrap();
-    // Pins under a directory that is not bpffs: ADD fails at the datapath step, after IPAM,
-    // the veth pair, addresses and routes are already done.
+    // Pins under a file, where bpffs cannot be mounted: ADD fails at the datapath step, after
+    // IPAM, the veth pair, addresses and routes are already done.
+    std::fs::create_dir_all(tb.data_dir()).unwrap();
+    let file = tb.data_dir().join("a-file");
+    std::fs::write(&file, "").unwrap();
     let mut conf = tb.conf("1.0.0");
-    conf["bpffsRoot"] = serde_json::json!(tb.data_dir().join("not-bpffs"));
+    conf["bpffsRoot"] = serde_json::json!(file.join("ebpf-cni"));
     let out = tb.cni("ADD", pod, &conf).unwrap();
     assert_eq!(out.code(), Some(102), "{} {}", out.stdout, out.stderr);
+    assert!(out.json()["msg"].as_str().unwrap().contains("cannot be mounted"), "{}", out.stdout);
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
-    assert!(!tb.data_dir().join("not-bpffs").exists(), "ADD created a directory outside bpffs");
     // The runtime sends DEL after a failed ADD: it must succeed too.
     let del = tb.cni("DEL", pod, &conf).unwrap();
     assert!(del.success, "{}", del.stdout);

@@ -21,7 +21,7 @@ use aya::{
 use ebpf_common::{Endpoint, IpKey, names};
 use nix::fcntl::{Flock, FlockArg};
 
-use super::pins::Pins;
+use super::{bpffs::on_bpffs_or_below, pins::Pins};
 use crate::cni::{CniError, CniResult, Context, ErrorCode};
 
 pub struct Datapath {
@@ -31,7 +31,8 @@ pub struct Datapath {
 
 impl Datapath {
     /// Locks the bpffs root (creating it, mode 0700) for the lifetime of the value. The root
-    /// or its parent must already be on bpffs: nothing is created on any other filesystem.
+    /// or its parent must already be on bpffs (ADD and STATUS mount it first, see
+    /// [`Datapath::mount_bpffs`]): nothing is created on any other filesystem.
     pub fn lock(root: &Path, network: &str) -> CniResult<Self> {
         if !on_bpffs_or_below(root) {
             let probe = if root.exists() { root } else { root.parent().unwrap_or(root) };
@@ -52,6 +53,23 @@ impl Datapath {
             .map_err(|(_, errno)| errno)
             .cni(ErrorCode::DATAPATH, "cannot lock bpffs root")?;
         Ok(Self { pins: Pins::new(root, network), _lock: lock })
+    }
+
+    /// Mounts bpffs for `root` when the node has none there (a fresh node), saying so in the
+    /// log. Only ADD and STATUS do: DEL, CHECK and GC have nothing to find on a fresh mount.
+    pub fn mount_bpffs(root: &Path) -> CniResult<()> {
+        match super::bpffs::ensure_mounted(root) {
+            Ok(None) => Ok(()),
+            Ok(Some(at)) => {
+                log::info!("bpffs was not mounted: mounted it on {}", at.display());
+                Ok(())
+            }
+            Err(e) => Err(CniError::new(
+                ErrorCode::DATAPATH,
+                format!("{} is not on bpffs and bpffs cannot be mounted there", root.display()),
+            )
+            .with_details(format!("{e}; mount it with `mount -t bpf bpf /sys/fs/bpf` or set bpffsRoot"))),
+        }
     }
 
     pub(super) fn is_loaded(&self) -> bool {
@@ -165,16 +183,6 @@ pub(super) fn attach_pinned(
         .cni(ErrorCode::INTERNAL, "TCX link is not an fd link")?;
     link.pin(pin).cni(ErrorCode::DATAPATH, format!("cannot pin TCX link {}", pin.display()))?;
     Ok(())
-}
-
-/// The root is on bpffs, or will be once created (its parent is).
-pub fn on_bpffs_or_below(root: &Path) -> bool {
-    let probe = if root.exists() { root } else { root.parent().unwrap_or(root) };
-    on_bpffs(probe)
-}
-
-fn on_bpffs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == libc::BPF_FS_MAGIC)
 }
 
 pub(super) fn internal(msg: impl Into<String>) -> CniError {

@@ -120,7 +120,9 @@ impl Setup<'_> {
         }
         fault::point("add:after-routes");
         let settings = Settings::resolve(self.conf, pod_subnet(&allocation)?, self.node).await?;
-        let datapath = Datapath::lock(&self.conf.bpffs_root(), &self.conf.name)?;
+        let root = self.conf.bpffs_root();
+        Datapath::mount_bpffs(&root)?;
+        let datapath = Datapath::lock(&root, &self.conf.name)?;
         datapath.ensure_loaded(&settings)?;
         let endpoint = Endpoint {
             host_ifindex: host.index,

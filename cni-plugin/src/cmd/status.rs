@@ -1,5 +1,5 @@
 //! STATUS (spec 1.1): whether an ADD could succeed now. Code 50 and the reason when it could
-//! not: bpffs missing, a kernel without BTF or TCX, the IP pool exhausted, the data dir not
+//! not: bpffs missing and not mountable, a kernel without BTF or TCX, the IP pool exhausted, the data dir not
 //! writable. A delegated IPAM plugin answers for its own part.
 use std::path::Path;
 
@@ -13,10 +13,11 @@ use crate::{
 const TCX_SINCE: (u32, u32) = (6, 6);
 
 pub fn status(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> {
+    // A fresh node gets its bpffs here already, as the first ADD would: the node turns Ready
+    // without a hand step, and a bpffs that cannot be mounted is this reason, not a failed ADD.
     let root = conf.bpffs_root();
-    if !bpf::on_bpffs_or_below(&root) {
-        return Err(not_available(format!("{} is not on a bpffs mount", root.display()))
-            .with_details("mount it with `mount -t bpf bpf /sys/fs/bpf` or set bpffsRoot"));
+    if let Err(e) = bpf::Datapath::mount_bpffs(&root) {
+        return Err(not_available(e.msg).with_details(e.details));
     }
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         return Err(not_available("the kernel has no BTF (/sys/kernel/btf/vmlinux is missing)"));

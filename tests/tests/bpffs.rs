@@ -1,0 +1,57 @@
+//! A fresh node has no bpffs where the plugin pins: the plugin mounts it itself (STATUS and
+//! ADD), and every verb works on it. Played in a mount namespace of the test's own, so that
+//! the machine's mounts never change.
+use ebpf_cni_tests::{MountNamespace, Testbed};
+use serde_json::json;
+
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+fn fs_type(path: &std::path::Path) -> i64 {
+    nix::sys::statfs::statfs(path).map(|s| s.filesystem_type().0).unwrap_or_default()
+}
+
+#[test]
+fn a_node_without_bpffs_gets_one() {
+    let Some(mut tb) = Testbed::for_test("a_node_without_bpffs_gets_one", "freshfs", "10.231.0.0/24") else {
+        return;
+    };
+    // A plain directory where the node's bpffs would be (as /sys/fs/bpf on a fresh node).
+    let mount_point = tb.data_dir().with_file_name("fresh-bpf");
+    std::fs::create_dir_all(&mount_point).unwrap();
+    tb.extra.insert("bpffsRoot".into(), json!(mount_point.join("ebpf-cni")));
+    let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
+    let mounts = MountNamespace::create().unwrap();
+    tb.mount_ns = Some(mounts.path());
+    let inside = mounts.inside(&mount_point);
+    assert_ne!(fs_type(&inside), BPF_FS_MAGIC, "no bpffs yet");
+
+    let status = tb.cni_raw(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")], &tb.conf("1.1.0").to_string());
+    assert!(status.unwrap().success, "STATUS mounts bpffs and reports ready");
+    assert_eq!(fs_type(&inside), BPF_FS_MAGIC, "STATUS mounted bpffs");
+    // Unmounted again, so that ADD meets the fresh node too.
+    let umount = std::process::Command::new("nsenter")
+        .arg(format!("--mount={}", mounts.path().display()))
+        .args(["umount", mount_point.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(umount.success());
+
+    let first = tb.cni("ADD", a, &tb.conf("1.1.0")).unwrap();
+    assert!(first.success, "first ADD: {} {}", first.stdout, first.stderr);
+    assert_eq!(fs_type(&inside), BPF_FS_MAGIC, "ADD mounted bpffs");
+    let pins = mount_point.join("ebpf-cni").join(&tb.network);
+    let program = pins.join(format!("v{}/progs/from_pod", ebpf_common::PIN_LAYOUT_VERSION));
+    assert!(mounts.inside(&program).exists(), "pinned on it");
+    let ip_b = tb.add(b).unwrap();
+    let mut check = tb.conf("1.1.0");
+    check["prevResult"] = first.json();
+    let out = tb.cni("CHECK", a, &check).unwrap();
+    assert!(out.success, "CHECK: {} {}", out.stdout, out.stderr);
+    assert!(tb.ping(&tb.pods[a].netns.name, &ip_b), "the pods reach each other");
+
+    tb.del(a).unwrap();
+    tb.del(b).unwrap();
+    assert!(!mounts.inside(&pins).exists(), "pins removed");
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+    assert_ne!(fs_type(&mount_point), BPF_FS_MAGIC, "the test's own mount namespace never saw the mount");
+}
