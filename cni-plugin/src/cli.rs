@@ -20,7 +20,8 @@ enum Sub {
     Inspect(crate::inspect::Inspect),
     /// Install this binary into <root>/opt/cni/bin and write <root>/etc/cni/net.d/10-ebpf-cni.conflist.
     Install(crate::install::Install),
-    /// Keep routes to the other nodes' pod CIDRs (host-gw) in step with the cluster's nodes.
+    /// Keep routes to the other nodes' pod CIDRs (host-gw) in step with the cluster's nodes (watched);
+    /// routes it did not make are never changed.
     Agent(crate::agent::Agent),
 }
 

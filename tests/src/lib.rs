@@ -4,6 +4,7 @@
 //! environment, configuration on stdin, in the node's namespace.
 mod cluster;
 pub mod crash;
+mod fake_api;
 mod guard;
 mod plugin;
 mod privileges;
@@ -12,6 +13,7 @@ mod testbed;
 pub mod traffic;
 
 pub use cluster::{Cluster, EXT_SERVER, EXT_UPLINK_IP, NODE1_UPLINK_IP, UNDERLAY_IPS};
+pub use fake_api::{FakeApi, Say};
 pub use guard::{Bpffs, MountNamespace, NetnsGuard, run, run_in};
 pub use plugin::{CniOutput, Plugin, exec_binary};
 pub use privileges::require_privileges;

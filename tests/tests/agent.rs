@@ -1,14 +1,17 @@
 //! `ebpf-cni agent`: routes to the other nodes' pod CIDRs follow the Node objects (read from a
-//! file holding an API response, and from a fake API server over HTTP), pods reach each other
-//! across nodes through them, and routes the agent did not make are never touched.
+//! file holding an API response, and listed then watched on a fake API server over HTTP), pods
+//! reach each other across nodes through them, and routes the agent did not make are never
+//! touched; nor does a list that looks broken remove any.
 use std::{
-    io::{Read as _, Write as _},
+    fs::File,
     net::SocketAddrV4,
-    path::Path,
-    process::Command,
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    thread::sleep,
+    time::{Duration, Instant},
 };
 
-use ebpf_cni_tests::{Cluster, UNDERLAY_IPS, run_in, traffic};
+use ebpf_cni_tests::{Cluster, FakeApi, Say, UNDERLAY_IPS, run_in};
 use serde_json::{Value, json};
 
 const SUBNETS: [&str; 2] = ["10.252.1.0/24", "10.252.2.0/24"];
@@ -22,8 +25,22 @@ fn node(name: &str, pod_cidr: Option<&str>, ip: &str) -> Value {
     })
 }
 
+/// `node(…)` as the API server sends it: with its resource version.
+fn versioned(mut node: Value, version: u32) -> Value {
+    node["metadata"]["resourceVersion"] = json!(version.to_string());
+    node
+}
+
+fn node_list(nodes: &[Value]) -> Value {
+    json!({ "kind": "NodeList", "apiVersion": "v1", "items": nodes })
+}
+
 fn write_nodes(path: &Path, nodes: &[Value]) {
-    std::fs::write(path, json!({ "kind": "NodeList", "apiVersion": "v1", "items": nodes }).to_string()).unwrap();
+    std::fs::write(path, node_list(nodes).to_string()).unwrap();
+}
+
+fn event(kind: &str, object: Value) -> Value {
+    json!({ "type": kind, "object": object })
 }
 
 /// `ebpf-cni agent --once --node <name> <args…>` in a node's namespace: (success, stderr).
@@ -38,11 +55,45 @@ fn agent(c: &Cluster, n: usize, args: &[&str]) -> (bool, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// Routes in a node's main table as `dst via gw proto p`.
+/// The agent running on (not `--once`) in a node's namespace, its stderr in a file; killed, by
+/// its PID, when dropped (also when the test panics).
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Running {
+    fn start(c: &Cluster, n: usize, args: &[&str]) -> Self {
+        let log = c.nodes[n].data_dir().with_file_name("agent.log");
+        // nsenter execs the agent in place: the PID is the agent's.
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", c.nodes[n].node.name))
+            .arg(&c.nodes[n].plugin.binary)
+            .args(["agent", "--node", &format!("node-{}", n + 1)])
+            .args(args)
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Routes in a node's main table as `dst via gw proto p`, sorted.
 fn routes(c: &Cluster, n: usize) -> Vec<String> {
     let out = run_in(&c.nodes[n].node.name, "ip", &["-j", "route", "show", "table", "main"]).unwrap();
     let routes: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    routes
+    let mut routes: Vec<String> = routes
         .iter()
         .filter(|r| r["gateway"].is_string() && r["dst"] != "default")
         .map(|r| {
@@ -53,7 +104,24 @@ fn routes(c: &Cluster, n: usize) -> Vec<String> {
                 r["protocol"].as_str().unwrap_or("boot")
             )
         })
-        .collect()
+        .collect();
+    routes.sort();
+    routes
+}
+
+/// Waits up to 10 s for a node's routes to be `want` (in any order).
+fn wait_for_routes(c: &Cluster, n: usize, want: &[&str], agent: &Running) {
+    let mut want: Vec<String> = want.iter().map(ToString::to_string).collect();
+    want.sort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = routes(c, n);
+        if now == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "routes {now:?}, expected {want:?}; the agent's log:\n{}", agent.log());
+        sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -105,18 +173,97 @@ fn routes_follow_the_nodes() {
 
     // A node whose address is not on a shared segment cannot be routed host-gw: said, and the
     // other routes stay.
+    let node1 = node("node-1", Some(SUBNETS[0]), u1);
     write_nodes(
         &nodes,
-        &[node("node-2", Some("10.252.5.0/24"), u2), node("node-4", Some("10.252.4.0/24"), "203.0.113.9")],
+        &[
+            node1.clone(),
+            node("node-2", Some("10.252.5.0/24"), u2),
+            node("node-4", Some("10.252.4.0/24"), "203.0.113.9"),
+        ],
     );
     let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
     assert!(!ok && stderr.contains("10.252.4.0/24 via 203.0.113.9"), "{stderr}");
+    assert!(stderr.contains("directly connected network"), "{stderr}");
     assert_eq!(routes(&c, 0), [format!("10.252.5.0/24 via {u2} proto 236"), foreign.clone()]);
 
+    // Node 2 moves to another address on the segment: its route's gateway follows.
+    write_nodes(&nodes, &[node1.clone(), node("node-2", Some("10.252.5.0/24"), "10.254.0.3")]);
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(ok && stderr.contains("1 changed"), "{stderr}");
+    assert_eq!(routes(&c, 0), ["10.252.5.0/24 via 10.254.0.3 proto 236".to_string(), foreign.clone()]);
+
     // Node 2 leaves the cluster: its route goes.
-    write_nodes(&nodes, &[node("node-1", Some(SUBNETS[0]), u1)]);
+    write_nodes(&nodes, &[node1]);
     assert!(agent(&c, 0, &["--nodes-file", file]).0);
     assert_eq!(routes(&c, 0), [foreign]);
+}
+
+/// Routes the agent did not make to destinations nodes want: neither replaced nor deleted, and a
+/// sync that had to leave them says so and fails.
+#[test]
+fn foreign_routes_stay() {
+    let Some(c) = Cluster::for_test("foreign_routes_stay", "agtf", "10.252.0.0/16", SUBNETS) else {
+        return;
+    };
+    let nodes = c.nodes[0].data_dir().with_file_name("nodes.json");
+    let file = nodes.to_str().unwrap();
+    let (u1, u2) = (UNDERLAY_IPS[0], UNDERLAY_IPS[1]);
+    // The cluster's hand-made route to node 2's pods (proto boot), and a static one.
+    run_in(&c.nodes[0].node.name, "ip", &["route", "add", "10.252.7.0/24", "via", u2, "proto", "static"]).unwrap();
+    let theirs = [format!("{} via {u2} proto boot", SUBNETS[1]), format!("10.252.7.0/24 via {u2} proto static")];
+    write_nodes(
+        &nodes,
+        &[
+            node("node-1", Some(SUBNETS[0]), u1),
+            node("node-2", Some(SUBNETS[1]), "10.254.0.3"),
+            node("node-3", Some("10.252.7.0/24"), u2),
+            node("node-4", Some("10.252.4.0/24"), u2),
+        ],
+    );
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(!ok, "{stderr}");
+    assert!(stderr.contains(&format!("{} via {u2} proto boot", SUBNETS[1])), "{stderr}");
+    assert!(stderr.contains(&format!("10.252.7.0/24 via {u2} proto static")), "{stderr}");
+    assert!(stderr.contains("2 routes could not be set"), "{stderr}");
+    let mut want = theirs.to_vec();
+    want.push(format!("10.252.4.0/24 via {u2} proto 236"));
+    want.sort();
+    assert_eq!(routes(&c, 0), want, "the other node's route is set all the same");
+
+    // Nodes 2 and 3 leave: their destinations' routes were never the agent's, so they stay.
+    write_nodes(&nodes, &[node("node-1", Some(SUBNETS[0]), u1)]);
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(ok && stderr.contains("1 removed"), "{stderr}");
+    assert_eq!(routes(&c, 0), theirs);
+}
+
+/// A node list that cannot be the whole cluster (empty, or without the agent's own node) adds
+/// routes but removes none.
+#[test]
+fn incomplete_lists_remove_nothing() {
+    let Some(c) = Cluster::for_test("incomplete_lists_remove_nothing", "agte", "10.252.0.0/16", SUBNETS) else {
+        return;
+    };
+    run_in(&c.nodes[0].node.name, "ip", &["route", "del", SUBNETS[1]]).unwrap();
+    let nodes = c.nodes[0].data_dir().with_file_name("nodes.json");
+    let file = nodes.to_str().unwrap();
+    let (u1, u2) = (UNDERLAY_IPS[0], UNDERLAY_IPS[1]);
+    write_nodes(&nodes, &[node("node-1", Some(SUBNETS[0]), u1), node("node-2", Some(SUBNETS[1]), u2)]);
+    assert!(agent(&c, 0, &["--nodes-file", file]).0);
+    let node2 = format!("{} via {u2} proto 236", SUBNETS[1]);
+    assert_eq!(routes(&c, 0), [node2.as_str()]);
+
+    write_nodes(&nodes, &[]);
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(ok && stderr.contains("the node list is empty"), "{stderr}");
+    assert_eq!(routes(&c, 0), [node2.as_str()]);
+
+    // node-1 is missing (a wrong --node, a partial list): node 2's route stays, node 3's comes.
+    write_nodes(&nodes, &[node("node-3", Some("10.252.3.0/24"), u2)]);
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(ok && stderr.contains("this node (node-1) is not in the node list"), "{stderr}");
+    assert_eq!(routes(&c, 0), [node2, format!("10.252.3.0/24 via {u2} proto 236")]);
 }
 
 #[test]
@@ -125,36 +272,77 @@ fn reads_nodes_from_an_api_server() {
         return;
     };
     run_in(&c.nodes[0].node.name, "ip", &["route", "del", SUBNETS[1]]).unwrap();
-    let body = json!({ "kind": "NodeList", "items": [node("node-2", Some(SUBNETS[1]), UNDERLAY_IPS[1])] }).to_string();
     let at = SocketAddrV4::new(UNDERLAY_IPS[0].parse().unwrap(), 6443);
-    let server = serve_once(&c.nodes[0].node.name, at, body);
+    let api = FakeApi::start(&c.nodes[0].node.name, at);
+    let nodes = [node("node-1", Some(SUBNETS[0]), UNDERLAY_IPS[0]), node("node-2", Some(SUBNETS[1]), UNDERLAY_IPS[1])];
+    api.say(Say::Json(node_list(&nodes).to_string()));
     let (ok, stderr) = agent(&c, 0, &["--api-server", &format!("http://{at}")]);
-    let request = server.join().unwrap();
     assert!(ok, "{stderr}");
-    assert!(request.starts_with("GET /api/v1/nodes HTTP/1.1\r\n"), "{request}");
+    assert!(api.request().starts_with("GET /api/v1/nodes HTTP/1.1\r\n"));
     assert_eq!(routes(&c, 0), [format!("{} via {} proto 236", SUBNETS[1], UNDERLAY_IPS[1])]);
 }
 
-/// A fake API server: answers one request with `body`; returns the request it got.
-fn serve_once(netns: &str, at: SocketAddrV4, body: String) -> std::thread::JoinHandle<String> {
-    let listener = traffic::tcp_listener(netns, at).unwrap();
-    std::thread::spawn(move || {
-        let (mut stream, _) = listener.accept().unwrap();
-        let mut request = Vec::new();
-        let mut buf = [0; 4096];
-        while !request.ends_with(b"\r\n\r\n") {
-            let n = stream.read(&mut buf).unwrap();
-            assert!(n > 0, "request cut short");
-            request.extend_from_slice(&buf[..n]);
-        }
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).unwrap();
-        stream.write_all(body.as_bytes()).unwrap();
-        String::from_utf8(request).unwrap()
-    })
+/// The running agent lists the nodes once, then follows a watch: changes apply as their events
+/// come, a dropped watch resumes from the last resource version seen (a bookmark's too), a
+/// DELETED node's route goes, when the server ends a watch the routes are checked again, and a
+/// version too old to resume from means a new list.
+#[test]
+fn follows_a_watch() {
+    let Some(c) = Cluster::for_test("follows_a_watch", "agtw", "10.252.0.0/16", SUBNETS) else {
+        return;
+    };
+    let netns = &c.nodes[0].node.name;
+    run_in(netns, "ip", &["route", "del", SUBNETS[1]]).unwrap();
+    let (u1, u2) = (UNDERLAY_IPS[0], UNDERLAY_IPS[1]);
+    let at = SocketAddrV4::new(u1.parse().unwrap(), 6443);
+    let api = FakeApi::start(netns, at);
+    let agent = Running::start(&c, 0, &["--api-server", &format!("http://{at}"), "--interval", "30"]);
+    let seen = |request: String, want: &str| {
+        assert!(request.starts_with(want), "expected {want:?}, got {request:?}; the agent's log:\n{}", agent.log());
+    };
+
+    seen(api.request(), "GET /api/v1/nodes HTTP/1.1\r\n");
+    let mut list = node_list(&[node("node-1", Some(SUBNETS[0]), u1), node("node-2", Some(SUBNETS[1]), u2)]);
+    list["metadata"] = json!({ "resourceVersion": "100" });
+    api.say(Say::Json(list.to_string()));
+    wait_for_routes(&c, 0, &[&format!("{} via {u2} proto 236", SUBNETS[1])], &agent);
+
+    let watch = "GET /api/v1/nodes?watch=1&resourceVersion";
+    seen(api.request(), &format!("{watch}=100&allowWatchBookmarks=true&timeoutSeconds=30 HTTP/1.1\r\n"));
+    api.say(Say::Open);
+    api.say(Say::Event(event("MODIFIED", versioned(node("node-2", Some("10.252.5.0/24"), u2), 101))));
+    let node2 = format!("10.252.5.0/24 via {u2} proto 236");
+    wait_for_routes(&c, 0, &[&node2], &agent);
+    api.say(Say::Event(event("ADDED", versioned(node("node-3", Some("10.252.3.0/24"), "10.254.0.3"), 102))));
+    let node3 = "10.252.3.0/24 via 10.254.0.3 proto 236";
+    wait_for_routes(&c, 0, &[&node2, node3], &agent);
+    api.say(Say::Event(event("BOOKMARK", json!({ "kind": "Node", "metadata": { "resourceVersion": "103" } }))));
+    api.say(Say::Cut(event("MODIFIED", versioned(node("node-3", Some("10.252.3.0/24"), u2), 104))));
+
+    // Back after the connection dropped, from the bookmark's version; the cut event never counted.
+    seen(api.request(), &format!("{watch}=103&"));
+    api.say(Say::Open);
+    api.say(Say::Event(event("DELETED", versioned(node("node-3", Some("10.252.3.0/24"), "10.254.0.3"), 105))));
+    wait_for_routes(&c, 0, &[&node2], &agent);
+
+    // A route deleted by hand is back when the watch round ends, and the watch goes on.
+    run_in(netns, "ip", &["route", "del", "10.252.5.0/24"]).unwrap();
+    api.say(Say::End);
+    wait_for_routes(&c, 0, &[&node2], &agent);
+    seen(api.request(), &format!("{watch}=105&"));
+    assert!(agent.log().contains("resuming from resource version 103"), "{}", agent.log());
+
+    // The version aged out (410): a new list, whose missing node-2 then loses its route.
+    let gone = json!({ "kind": "Status", "code": 410, "message": "too old resource version" });
+    api.say(Say::Open);
+    api.say(Say::Event(event("ERROR", gone)));
+    api.say(Say::End);
+    seen(api.request(), "GET /api/v1/nodes HTTP/1.1\r\n");
+    let mut list = node_list(&[node("node-1", Some(SUBNETS[0]), u1)]);
+    list["metadata"] = json!({ "resourceVersion": "200" });
+    api.say(Say::Json(list.to_string()));
+    wait_for_routes(&c, 0, &[], &agent);
+    seen(api.request(), &format!("{watch}=200&"));
 }
 
 /// The installer asks the API server for its own node only, not for the list of all nodes.
@@ -164,7 +352,8 @@ fn installer_fetches_only_its_node() {
         return;
     };
     let at = SocketAddrV4::new(UNDERLAY_IPS[0].parse().unwrap(), 6443);
-    let server = serve_once(&c.nodes[0].node.name, at, node("node-1", Some(SUBNETS[0]), UNDERLAY_IPS[0]).to_string());
+    let api = FakeApi::start(&c.nodes[0].node.name, at);
+    api.say(Say::Json(node("node-1", Some(SUBNETS[0]), UNDERLAY_IPS[0]).to_string()));
     let root = c.nodes[0].data_dir().with_file_name("root");
     let out = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{}", c.nodes[0].node.name))
@@ -173,9 +362,8 @@ fn installer_fetches_only_its_node() {
         .args(["--root", root.to_str().unwrap()])
         .output()
         .unwrap();
-    let request = server.join().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(request.starts_with("GET /api/v1/nodes/node-1 HTTP/1.1\r\n"), "{request}");
+    assert!(api.request().starts_with("GET /api/v1/nodes/node-1 HTTP/1.1\r\n"));
     let conflist: Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("etc/cni/net.d/10-ebpf-cni.conflist")).unwrap())
             .unwrap();

@@ -1,5 +1,5 @@
 //! The parts of a Kubernetes Node object the installer and the agent read: its name, its pod
-//! CIDR and its internal address.
+//! CIDR and its internal address; and the resource versions a watch resumes from.
 use std::net::Ipv4Addr;
 
 use ipnetwork::Ipv4Network;
@@ -7,10 +7,19 @@ use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
 pub struct NodeList {
+    /// The list's resource version: where a watch of the changes since the list starts.
+    #[serde(default)]
+    pub metadata: ListMeta,
     pub items: Vec<Node>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListMeta {
+    pub resource_version: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
 pub struct Node {
     pub metadata: Metadata,
     #[serde(default)]
@@ -19,12 +28,14 @@ pub struct Node {
     pub status: Status,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Metadata {
     pub name: String,
+    pub resource_version: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Spec {
     #[serde(rename = "podCIDR")]
@@ -34,13 +45,13 @@ pub struct Spec {
     pub pod_cidrs: Vec<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct Status {
     #[serde(default)]
     pub addresses: Vec<Address>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 pub struct Address {
     #[serde(rename = "type")]
     pub kind: String,
@@ -73,6 +84,7 @@ mod tests {
                 {"metadata":{"name":"b"},"spec":{},"status":{}}]}"#,
         )
         .unwrap();
+        assert_eq!(list.metadata.resource_version.as_deref(), Some("7"));
         let a = &list.items[0];
         assert_eq!(a.pod_cidr_v4().unwrap().to_string(), "10.244.1.0/24");
         assert_eq!(a.internal_ipv4(), Some(Ipv4Addr::new(192, 168, 1, 10)));

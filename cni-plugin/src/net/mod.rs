@@ -1,5 +1,5 @@
 //! Interfaces, addresses and routes (rtnetlink), and namespace switching.
 pub mod netlink;
 pub mod netns;
-mod routes;
+pub mod routes;
 mod unlink;

@@ -1,14 +1,14 @@
 //! The node agent's routes (host-gw): one per other node, `podCIDR via internalIP`, marked with
-//! our own route protocol number so that the agent finds, replaces and removes its routes and
+//! our own route protocol number so that the agent finds, changes and removes its routes and
 //! never touches anyone else's.
-use std::net::Ipv4Addr;
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use anyhow::{Context as _, Result};
 use futures::TryStreamExt as _;
 use ipnetwork::Ipv4Network;
 use rtnetlink::{
     RouteMessageBuilder,
-    packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol},
+    packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteType},
 };
 
 use super::netlink::Netlink;
@@ -28,13 +28,22 @@ fn agent_route(dst: Ipv4Network, gw: Ipv4Addr) -> RouteMessage {
         .build()
 }
 
+/// The IPv4 routes of the main table, as the agent sorts them.
+#[derive(Debug, Default)]
+pub struct MainRoutes {
+    /// The agent's: destination → gateway.
+    pub ours: BTreeMap<Ipv4Network, Ipv4Addr>,
+    /// Everyone else's (an admin's static route, a routing daemon's, the kernel's): destination →
+    /// the route as `ip route` would show it, for the log.
+    pub foreign: BTreeMap<Ipv4Network, String>,
+}
+
 impl Netlink {
-    /// The agent's routes in the main table: (destination, gateway).
-    pub async fn agent_routes(&self) -> Result<Vec<(Ipv4Network, Ipv4Addr)>> {
+    pub async fn main_routes(&self) -> Result<MainRoutes> {
         let mut routes = self.handle.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
-        let mut found = Vec::new();
+        let mut found = MainRoutes::default();
         while let Some(route) = routes.try_next().await.context("listing routes")? {
-            if route.header.table != RouteHeader::RT_TABLE_MAIN || route.header.protocol != ours() {
+            if route.header.table != RouteHeader::RT_TABLE_MAIN {
                 continue;
             }
             let (mut dst, mut gw) = (Ipv4Addr::UNSPECIFIED, None);
@@ -45,21 +54,60 @@ impl Netlink {
                     _ => {}
                 }
             }
-            if let (Ok(dst), Some(gw)) = (Ipv4Network::new(dst, route.header.destination_prefix_length), gw) {
-                found.push((dst, gw));
+            let Ok(dst) = Ipv4Network::new(dst, route.header.destination_prefix_length) else { continue };
+            match gw {
+                Some(gw) if route.header.protocol == ours() => {
+                    found.ours.insert(dst, gw);
+                }
+                _ => {
+                    found.foreign.insert(dst, describe(&route, dst, gw));
+                }
             }
         }
         Ok(found)
     }
 
-    /// Adds `dst via gw`, or changes the gateway of an existing route to `dst`.
-    pub async fn set_agent_route(&self, dst: Ipv4Network, gw: Ipv4Addr) -> Result<()> {
-        let request = self.handle.route().add(agent_route(dst, gw)).replace();
-        request.execute().await.with_context(|| format!("route {dst} via {gw}"))
+    /// Adds `dst via gw`. Fails if any route to `dst` exists by now, so one someone else made
+    /// since the agent last looked is not overwritten.
+    pub async fn add_agent_route(&self, dst: Ipv4Network, gw: Ipv4Addr) -> Result<()> {
+        let request = self.handle.route().add(agent_route(dst, gw));
+        request.execute().await.map_err(|e| explain(e, dst, gw))
     }
 
+    /// Changes the gateway of the agent's route to `dst`. The kernel replaces whichever route to
+    /// `dst` it finds: the caller has checked that it is ours.
+    pub async fn change_agent_route(&self, dst: Ipv4Network, gw: Ipv4Addr) -> Result<()> {
+        let request = self.handle.route().add(agent_route(dst, gw)).replace();
+        request.execute().await.map_err(|e| explain(e, dst, gw))
+    }
+
+    /// Deletes the agent's `dst via gw`: the kernel matches the protocol too, so a route someone
+    /// else made to the same destination cannot go instead.
     pub async fn delete_agent_route(&self, dst: Ipv4Network, gw: Ipv4Addr) -> Result<()> {
         let request = self.handle.route().del(agent_route(dst, gw));
         request.execute().await.with_context(|| format!("deleting route {dst} via {gw}"))
     }
+}
+
+/// The kernel's answer, with what it most likely means here.
+fn explain(e: rtnetlink::Error, dst: Ipv4Network, gw: Ipv4Addr) -> anyhow::Error {
+    let code = match &e {
+        rtnetlink::Error::NetlinkError(m) => m.raw_code().abs(),
+        _ => 0,
+    };
+    let hint = match code {
+        libc::ENETUNREACH => ": the gateway must be on a directly connected network",
+        libc::EEXIST => ": a route to it appeared meanwhile, and is not the agent's",
+        _ => "",
+    };
+    anyhow::Error::new(e).context(format!("route {dst} via {gw}{hint}"))
+}
+
+fn describe(route: &RouteMessage, dst: Ipv4Network, gw: Option<Ipv4Addr>) -> String {
+    let kind = match route.header.kind {
+        RouteType::Unicast => String::new(),
+        other => format!("{other:?} ").to_lowercase(),
+    };
+    let via = gw.map(|gw| format!(" via {gw}")).unwrap_or_default();
+    format!("{kind}{dst}{via} proto {}", route.header.protocol)
 }

@@ -1,0 +1,57 @@
+//! `ebpf-cni agent`: keeps the node's routes to the other nodes' pod CIDRs (host-gw: each
+//! via that node's InternalIP, which must be on a shared L2 segment) in step with the cluster's
+//! Node objects, watched on the API server. Routes stay when the agent stops, so pods keep
+//! working through an agent restart or upgrade.
+mod plan;
+mod sync;
+mod watch;
+
+use std::{collections::BTreeSet, thread::sleep, time::Duration};
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::kube;
+
+#[derive(Args)]
+pub struct Agent {
+    /// This node's name (the DaemonSet passes spec.nodeName): its own pod CIDR gets no route,
+    /// and a node list without it removes no route.
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    #[command(flatten)]
+    source: kube::Source,
+    /// Seconds each watch of the API server lasts (timeoutSeconds); when one ends, the routes
+    /// are checked again and the watch goes on. With --nodes-file: seconds between two reads.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    interval: u64,
+    /// List the nodes, set the routes once and exit (non-zero, saying why, if a route could not
+    /// be set: an unreachable gateway, or a route the agent did not make in its place).
+    #[arg(long)]
+    once: bool,
+}
+
+pub fn run(args: Agent) -> Result<()> {
+    crate::logging::configure(log::LevelFilter::Info, None);
+    let syncer = sync::Syncer::new(&args.node)?;
+    let interval = Duration::from_secs(args.interval);
+    if args.once {
+        let list = args.source.list()?;
+        let changes = syncer.sync(&list.items.iter().collect::<Vec<_>>(), &mut BTreeSet::new(), None)?;
+        sync::log_changes(&changes);
+        let failures = &changes.failures;
+        anyhow::ensure!(failures.is_empty(), "{} routes could not be set: {}", failures.len(), failures.join("; "));
+        return Ok(());
+    }
+    if let Some(api) = args.source.api()? {
+        watch::run(&api, &syncer, interval);
+    }
+    // A file has no watch: it is read again every interval. A read that fails removes nothing.
+    loop {
+        match args.source.list() {
+            Ok(list) => syncer.sync_logged(&list.items.iter().collect::<Vec<_>>(), &mut BTreeSet::new(), None),
+            Err(e) => log::error!("reading the nodes failed: {e:#}; no route removed"),
+        }
+        sleep(interval);
+    }
+}
