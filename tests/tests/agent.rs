@@ -49,6 +49,8 @@ fn agent(c: &Cluster, n: usize, args: &[&str]) -> (bool, String) {
         .arg(format!("--net=/run/netns/{}", c.nodes[n].node.name))
         .arg(&c.nodes[n].plugin.binary)
         .args(["agent", "--once", "--node", &format!("node-{}", n + 1)])
+        .arg("--bpffs-root")
+        .arg(c.nodes[n].bpffs_root())
         .args(args)
         .output()
         .unwrap();
@@ -70,6 +72,8 @@ impl Running {
             .arg(format!("--net=/run/netns/{}", c.nodes[n].node.name))
             .arg(&c.nodes[n].plugin.binary)
             .args(["agent", "--node", &format!("node-{}", n + 1)])
+            .arg("--bpffs-root")
+            .arg(c.nodes[n].bpffs_root())
             .args(args)
             .stderr(File::create(&log).unwrap())
             .spawn()

@@ -55,3 +55,30 @@ fn a_node_without_bpffs_gets_one() {
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
     assert_ne!(fs_type(&mount_point), BPF_FS_MAGIC, "the test's own mount namespace never saw the mount");
 }
+
+/// The agent, started on a fresh node, mounts bpffs before the first pod arrives.
+#[test]
+fn the_agent_mounts_bpffs_at_start() {
+    let Some(tb) = Testbed::for_test("the_agent_mounts_bpffs_at_start", "freshag", "10.231.1.0/24") else {
+        return;
+    };
+    let mount_point = tb.data_dir().with_file_name("fresh-bpf");
+    std::fs::create_dir_all(&mount_point).unwrap();
+    let nodes = tb.data_dir().with_file_name("nodes.json");
+    std::fs::write(&nodes, json!({ "items": [{ "metadata": { "name": "node-1" } }] }).to_string()).unwrap();
+    let mounts = MountNamespace::create().unwrap();
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--mount={}", mounts.path().display()))
+        .arg(format!("--net=/run/netns/{}", tb.node.name))
+        .arg(&tb.plugin.binary)
+        .args(["agent", "--once", "--node", "node-1", "--nodes-file", nodes.to_str().unwrap()])
+        .arg("--bpffs-root")
+        .arg(mount_point.join("ebpf-cni"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("mounted it on"), "the log says so: {stderr}");
+    assert_eq!(fs_type(&mounts.inside(&mount_point)), BPF_FS_MAGIC);
+    assert_ne!(fs_type(&mount_point), BPF_FS_MAGIC, "the test's own mount namespace never saw the mount");
+}

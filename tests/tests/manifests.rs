@@ -49,6 +49,12 @@ fn daemonset_runs_everywhere_with_what_it_needs() {
     assert_eq!(strings(&agent["command"])[..2], ["/ebpf-cni", "agent"]);
     assert_eq!(agent["env"], node_name);
     assert_eq!(agent["securityContext"]["privileged"], true);
+    // The agent's bpffs mount (on a node that had none) must become the host's.
+    let bpffs = agent["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "bpffs").unwrap();
+    assert_eq!(
+        (bpffs["mountPath"].as_str(), bpffs["mountPropagation"].as_str()),
+        (Some("/sys/fs/bpf"), Some("Bidirectional"))
+    );
 
     // The installer's mounts put the host's CNI directories where `--root /host` writes.
     let host_path = |volume: &str| {

@@ -6,12 +6,12 @@ mod plan;
 mod sync;
 mod watch;
 
-use std::{collections::BTreeSet, thread::sleep, time::Duration};
+use std::{collections::BTreeSet, path::PathBuf, thread::sleep, time::Duration};
 
 use anyhow::Result;
 use clap::Args;
 
-use crate::kube;
+use crate::{cni::config::DEFAULT_BPFFS_ROOT, kube};
 
 #[derive(Args)]
 pub struct Agent {
@@ -29,10 +29,22 @@ pub struct Agent {
     /// be set: an unreachable gateway, or a route the agent did not make in its place).
     #[arg(long)]
     once: bool,
+    /// The plugin's `bpffsRoot`: bpffs is mounted on its parent at start when the node has
+    /// none there yet, so that the first pod's ADD finds it (the DaemonSet mounts the host's
+    /// /sys/fs/bpf with Bidirectional propagation, so the mount is the node's and outlives
+    /// the agent).
+    #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
+    bpffs_root: PathBuf,
 }
 
 pub fn run(args: Agent) -> Result<()> {
     crate::logging::configure(log::LevelFilter::Info, None);
+    match crate::bpf::mount_bpffs_if_missing(&args.bpffs_root) {
+        Ok(Some(at)) => log::info!("bpffs was not mounted: mounted it on {}", at.display()),
+        Ok(None) => {}
+        // Routes matter all the same; the plugin tries again at the first ADD.
+        Err(e) => log::error!("bpffs is not mounted for {} and cannot be: {e}", args.bpffs_root.display()),
+    }
     let syncer = sync::Syncer::new(&args.node)?;
     let interval = Duration::from_secs(args.interval);
     if args.once {

@@ -9,6 +9,7 @@ mod pins;
 mod settings;
 
 pub use audit::Expected;
+pub use bpffs::ensure_mounted as mount_bpffs_if_missing;
 pub use datapath::Datapath;
 pub use pins::Pins;
 pub use settings::Settings;
