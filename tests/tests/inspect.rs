@@ -99,7 +99,7 @@ fn every_view_shows_what_the_datapath_holds() {
     assert_eq!(settings[0]["masquerade"], true);
     assert_eq!(settings[0]["uplink"], "uplink0");
 
-    // cls_bpf on every host veth, TCX both ways on the uplink: the same pinned programs.
+    // cls_bpf on every host veth and both ways on the uplink: the same pinned programs.
     let programs = json_view(node, "programs");
     let on = |ifname: &str, hook: &str| {
         programs.iter().find(|r| r["interface"] == ifname && r["hook"] == hook).map(|r| r["ours"].clone())
@@ -107,8 +107,8 @@ fn every_view_shows_what_the_datapath_holds() {
     for pod in &pods {
         assert_eq!(on(&pod.host_ifname, "tc ingress"), Some(json!("from_pod")), "{programs:?}");
     }
-    assert_eq!(on("uplink0", "tcx egress"), Some(json!("to_uplink")), "{programs:?}");
-    assert_eq!(on("uplink0", "tcx ingress"), Some(json!("from_uplink")), "{programs:?}");
+    assert_eq!(on("uplink0", "tc egress"), Some(json!("to_uplink")), "{programs:?}");
+    assert_eq!(on("uplink0", "tc ingress"), Some(json!("from_uplink")), "{programs:?}");
 
     // Tables: a header, then one line per row, every column starting where its header does.
     let (ok, table, _) = inspect(node, &["endpoints"]);

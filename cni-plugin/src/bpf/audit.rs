@@ -6,7 +6,10 @@ use aya::programs::SchedClassifier;
 use ebpf_common::{IpKey, names};
 
 use super::datapath::Datapath;
-use crate::cni::{CniError, CniResult, Context, ErrorCode};
+use crate::{
+    cni::{CniError, CniResult, Context, ErrorCode},
+    net::netlink::Netlink,
+};
 
 /// What CHECK expects of one attachment.
 pub struct Expected<'a> {
@@ -59,7 +62,7 @@ impl Datapath {
     /// Removes endpoints and NAT entries of attachments whose owner cookie is not in `valid`,
     /// then the network's pins if nothing is left. Keeps going past a failed step and reports
     /// the first failure.
-    pub fn collect_garbage(&self, valid_owners: &BTreeSet<u64>) -> CniResult<Collected> {
+    pub async fn collect_garbage(&self, valid_owners: &BTreeSet<u64>, node: &Netlink) -> CniResult<Collected> {
         let mut done = Collected::default();
         let mut first_err: Option<CniError> = None;
         let mut note = |r: CniResult<usize>, count: &mut usize| match r {
@@ -68,7 +71,7 @@ impl Datapath {
         };
         note(self.remove_endpoints_where(|o| !valid_owners.contains(&o)), &mut done.endpoints);
         note(self.remove_nat_where(|o| !valid_owners.contains(&o)), &mut done.nat_entries);
-        match self.remove_if_unused() {
+        match self.remove_if_unused(node).await {
             Ok(removed) => done.network_removed = removed,
             Err(e) => drop(first_err.get_or_insert(e)),
         }

@@ -13,8 +13,7 @@ use std::{
 use aya::{
     maps::{HashMap, Map, MapData, MapError},
     programs::{
-        LinkOrder, SchedClassifier, TcAttachType,
-        links::FdLink,
+        SchedClassifier, TcAttachType,
         tc::{self, NlOptions, TcAttachOptions},
     },
 };
@@ -22,7 +21,10 @@ use ebpf_common::{Endpoint, IpKey, names};
 use nix::fcntl::{Flock, FlockArg};
 
 use super::{bpffs::on_bpffs_or_below, pins::Pins};
-use crate::cni::{CniError, CniResult, Context, ErrorCode};
+use crate::{
+    cni::{CniError, CniResult, Context, ErrorCode},
+    net::netlink::Netlink,
+};
 
 pub struct Datapath {
     pub(super) pins: Pins,
@@ -131,21 +133,13 @@ impl Datapath {
     pub fn attach(&self, host_ifname: &str) -> CniResult<()> {
         let mut program = SchedClassifier::from_pin(self.pins.program(names::FROM_POD))
             .cni(ErrorCode::DATAPATH, "cannot open pinned from_pod")?;
-        tc::qdisc_add_clsact(host_ifname)
-            .cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {host_ifname}"))?;
-        let id = program
-            .attach_with_options(host_ifname, TcAttachType::Ingress, TcAttachOptions::Netlink(NlOptions::default()))
-            .cni(ErrorCode::DATAPATH, format!("cannot attach from_pod to {host_ifname}'s ingress"))?;
-        let link = program.take_link(id).cni(ErrorCode::INTERNAL, "attached filter vanished")?;
-        // Dropping the handle would delete the filter; it must stay as long as the veth does.
-        std::mem::forget(link);
-        Ok(())
+        attach_filter(&mut program, host_ifname, TcAttachType::Ingress)
     }
 
     /// Removes the network's pins of this layout when no endpoint is left (every attachment
     /// has one per address). Filters still running the programs keep them alive until their
     /// veths go.
-    pub fn remove_if_unused(&self) -> CniResult<bool> {
+    pub async fn remove_if_unused(&self, node: &Netlink) -> CniResult<bool> {
         let endpoints_left = match self.endpoints()? {
             Some(map) => map.keys().next().is_some(),
             None => false,
@@ -153,6 +147,7 @@ impl Datapath {
         if endpoints_left {
             return Ok(false);
         }
+        self.detach_uplink(node).await?;
         match fs::remove_dir_all(self.pins.version_dir()) {
             Err(e) if e.kind() != ErrorKind::NotFound => {
                 return Err(e).cni(ErrorCode::DATAPATH, "cannot remove network pins");
@@ -165,23 +160,21 @@ impl Datapath {
     }
 }
 
-/// Attaches a loaded program at the end of the interface's TCX chain and pins the link, so it
-/// outlives this process; removing the pin detaches it.
-pub(super) fn attach_pinned(
-    program: &mut SchedClassifier,
-    ifname: &str,
-    direction: TcAttachType,
-    pin: &Path,
-) -> CniResult<()> {
+/// Attaches a loaded program as a direct-action cls_bpf filter under the interface's clsact
+/// qdisc (added unless there is one: an uplink's may be shared with others). The filter stays
+/// when the handle is dropped, for as long as the device or until it is removed.
+pub(super) fn attach_filter(program: &mut SchedClassifier, ifname: &str, direction: TcAttachType) -> CniResult<()> {
+    if let Err(e) = tc::qdisc_add_clsact(ifname) {
+        let exists = matches!(&e, tc::TcError::NetlinkError(n) if n.raw_os_error() == Some(libc::EEXIST));
+        if !exists {
+            return Err(e).cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {ifname}"));
+        }
+    }
     let id = program
-        .attach_with_options(ifname, direction, TcAttachOptions::TcxOrder(LinkOrder::default()))
-        .cni(ErrorCode::DATAPATH, format!("cannot attach a TCX program to {ifname} ({direction:?})"))?;
-    let link: FdLink = program
-        .take_link(id)
-        .cni(ErrorCode::INTERNAL, "attached link vanished")?
-        .try_into()
-        .cni(ErrorCode::INTERNAL, "TCX link is not an fd link")?;
-    link.pin(pin).cni(ErrorCode::DATAPATH, format!("cannot pin TCX link {}", pin.display()))?;
+        .attach_with_options(ifname, direction, TcAttachOptions::Netlink(NlOptions::default()))
+        .cni(ErrorCode::DATAPATH, format!("cannot attach a filter to {ifname} ({direction:?})"))?;
+    let link = program.take_link(id).cni(ErrorCode::INTERNAL, "attached filter vanished")?;
+    std::mem::forget(link);
     Ok(())
 }
 

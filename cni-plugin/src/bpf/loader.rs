@@ -1,21 +1,21 @@
 //! First ADD of a network: load the object with the network's settings, pin maps and programs,
-//! and attach the uplink programs when the network masquerades. Later ADDs find the pins and
+//! and attach the uplink programs when the network masquerades (`uplink.rs`). Later ADDs find the pins and
 //! only check that they were loaded with the same settings.
 use std::{fs, os::unix::fs::DirBuilderExt as _};
 
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Array, Map, MapData},
-    programs::{SchedClassifier, TcAttachType},
-};
+use aya::{Ebpf, EbpfLoader, maps::Array, programs::SchedClassifier};
 use ebpf_common::{DatapathConfig, names};
 
 use super::{
-    datapath::{Datapath, attach_pinned, internal},
+    datapath::{Datapath, internal},
     kernel_btf,
     settings::{Describe, Settings},
+    uplink,
 };
-use crate::cni::{CniError, CniResult, Context, ErrorCode};
+use crate::{
+    cni::{CniError, CniResult, Context, ErrorCode},
+    net::netlink::Netlink,
+};
 
 /// The TC object built from `ebpf/`, with BTF, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni"));
@@ -24,16 +24,19 @@ const MAPS: [&str; 4] = [names::ENDPOINTS, names::METRICS, names::NAT, names::SE
 
 impl Datapath {
     /// Loads and pins the programs and maps unless an earlier ADD already did.
-    pub fn ensure_loaded(&self, settings: &Settings) -> CniResult<()> {
+    pub async fn ensure_loaded(&self, settings: &Settings, node: &Netlink) -> CniResult<()> {
         if self.is_loaded() {
             return self.check_settings(&settings.config);
         }
         self.refuse_other_layouts()?;
-        // A load interrupted before the last pin leaves some pins behind: start over.
+        // A load interrupted before the last pin leaves some pins behind, and maybe filters on
+        // the uplink running its programs: start over. (`uplink` held the TCX links of builds
+        // before 2026-11-23, with the same layout.)
+        self.detach_uplink(node).await?;
         for dir in ["maps", "progs", "uplink"] {
             let _ = fs::remove_dir_all(self.pins.version_dir().join(dir));
         }
-        for dir in ["maps", "progs", "uplink"] {
+        for dir in ["maps", "progs"] {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -57,19 +60,23 @@ impl Datapath {
         let mut recorded: Array<_, DatapathConfig> = Array::try_from(ebpf.map_mut(names::SETTINGS).expect("pinned"))
             .cni(ErrorCode::INTERNAL, "SETTINGS has another layout")?;
         recorded.set(0, settings.config, 0).cni(ErrorCode::DATAPATH, "cannot record the settings")?;
+        // Pinned before they are attached, so that a restarted load finds their filters.
         for name in [names::TO_UPLINK, names::FROM_UPLINK, names::FROM_POD] {
-            classifier(&mut ebpf, name)?.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}"))?;
+            let program = classifier(&mut ebpf, name)?;
+            program.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}"))?;
+            if name != names::FROM_POD {
+                program.pin(self.pins.program(name)).cni(ErrorCode::DATAPATH, format!("cannot pin {name}"))?;
+            }
         }
         if let Some(uplink) = &settings.uplink {
-            self.attach_uplink(&mut ebpf, uplink)?;
+            for (name, direction) in uplink::PROGRAMS {
+                uplink::attach(classifier(&mut ebpf, name)?, uplink, direction)?;
+            }
         }
         // The program that pods attach to is pinned last: its pin means everything is there.
-        for name in [names::TO_UPLINK, names::FROM_UPLINK, names::FROM_POD] {
-            classifier(&mut ebpf, name)?
-                .pin(self.pins.program(name))
-                .cni(ErrorCode::DATAPATH, format!("cannot pin {name}"))?;
-        }
-        Ok(())
+        classifier(&mut ebpf, names::FROM_POD)?
+            .pin(self.pins.program(names::FROM_POD))
+            .cni(ErrorCode::DATAPATH, format!("cannot pin {}", names::FROM_POD))
     }
 
     /// Pins of another layout version belong to pods of another ebpf-cni build: their programs
@@ -95,39 +102,10 @@ impl Datapath {
         Ok(())
     }
 
-    /// TCX egress (masquerade) and ingress (replies) of the uplink, each link pinned; they go
-    /// with the rest of the network's pins. Both at once: each TCX attach waits for an RCU
-    /// grace period (8–15 ms here), and two threads wait for theirs together.
-    fn attach_uplink(&self, ebpf: &mut Ebpf, uplink: &str) -> CniResult<()> {
-        let (mut egress, mut ingress) = (None, None);
-        for (name, program) in ebpf.programs_mut() {
-            let slot = match name {
-                names::TO_UPLINK => &mut egress,
-                names::FROM_UPLINK => &mut ingress,
-                _ => continue,
-            };
-            *slot = Some(<&mut SchedClassifier>::try_from(program).cni(ErrorCode::INTERNAL, "not a classifier")?);
-        }
-        let missing = || internal("object lacks an uplink program");
-        let (egress, ingress) = (egress.ok_or_else(missing)?, ingress.ok_or_else(missing)?);
-        let (egress_pin, ingress_pin) =
-            (self.pins.uplink_link(names::TO_UPLINK), self.pins.uplink_link(names::FROM_UPLINK));
-        std::thread::scope(|s| {
-            let out = s.spawn(|| attach_pinned(egress, uplink, TcAttachType::Egress, &egress_pin));
-            let back = attach_pinned(ingress, uplink, TcAttachType::Ingress, &ingress_pin);
-            out.join().unwrap_or_else(|_| Err(internal("attaching to_uplink panicked"))).and(back)
-        })
-    }
-
     /// Settings are fixed while the network has pods: a different configuration is refused
     /// rather than silently ignored.
     fn check_settings(&self, wanted: &DatapathConfig) -> CniResult<()> {
-        let path = self.pins.map(names::SETTINGS);
-        let data = MapData::from_pin(&path).cni(ErrorCode::DATAPATH, "cannot open pinned SETTINGS")?;
-        let map = Map::from_map_data(data).cni(ErrorCode::DATAPATH, "cannot open pinned SETTINGS")?;
-        let map: Array<_, DatapathConfig> =
-            Array::try_from(map).cni(ErrorCode::DATAPATH, "pinned SETTINGS has another layout")?;
-        let loaded = map.get(&0, 0).cni(ErrorCode::DATAPATH, "cannot read SETTINGS")?;
+        let loaded = self.recorded_settings()?.ok_or_else(|| internal("SETTINGS is not pinned"))?;
         if loaded == *wanted {
             return Ok(());
         }

@@ -7,6 +7,7 @@ mod loader;
 mod nat;
 mod pins;
 mod settings;
+mod uplink;
 
 pub use audit::Expected;
 pub use bpffs::ensure_mounted as mount_bpffs_if_missing;

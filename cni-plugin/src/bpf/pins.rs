@@ -1,5 +1,5 @@
 //! Where a network's objects live in bpffs:
-//! `<root>/<network>/v<N>/{progs,maps,uplink}/…`, `N` being the pinned layout version, so a
+//! `<root>/<network>/v<N>/{progs,maps}/…`, `N` being the pinned layout version, so a
 //! plugin upgrade with a new map layout never opens pins of the old one.
 use std::path::{Path, PathBuf};
 
@@ -31,12 +31,5 @@ impl Pins {
 
     pub fn map(&self, name: &str) -> PathBuf {
         self.version_dir.join("maps").join(name)
-    }
-}
-
-impl Pins {
-    /// The uplink's TCX links, one per program, shared by all pods of the network.
-    pub fn uplink_link(&self, program: &str) -> PathBuf {
-        self.version_dir.join("uplink").join(program)
     }
 }

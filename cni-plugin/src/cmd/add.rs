@@ -123,7 +123,7 @@ impl Setup<'_> {
         let root = self.conf.bpffs_root();
         Datapath::mount_bpffs(&root)?;
         let datapath = Datapath::lock(&root, &self.conf.name)?;
-        datapath.ensure_loaded(&settings)?;
+        datapath.ensure_loaded(&settings, self.node).await?;
         let endpoint = Endpoint {
             host_ifindex: host.index,
             flags: 0,

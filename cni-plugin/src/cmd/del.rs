@@ -26,12 +26,13 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink)
     fault::point("del:after-veth");
     let root = conf.bpffs_root();
     if root.exists() {
-        let steps = Datapath::lock(&root, &conf.name).and_then(|dp| {
+        let steps = async {
+            let dp = Datapath::lock(&root, &conf.name)?;
             dp.remove_endpoints(attachment.cookie())?;
             dp.remove_nat(attachment.cookie())?;
-            dp.remove_if_unused().map(drop)
-        });
-        if let Err(e) = steps {
+            dp.remove_if_unused(node).await.map(drop)
+        };
+        if let Err(e) = steps.await {
             first_err.get_or_insert(e);
         }
     }

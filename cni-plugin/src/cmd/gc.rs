@@ -63,7 +63,8 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
     if root.exists() {
         let owners: BTreeSet<u64> =
             valid.iter().map(|a| Attachment::new(&a.container_id, &a.ifname).cookie()).collect();
-        match Datapath::lock(&root, &conf.name).and_then(|dp| dp.collect_garbage(&owners)) {
+        let collect = async { Datapath::lock(&root, &conf.name)?.collect_garbage(&owners, &node).await };
+        match collect.await {
             Ok(done) => collected = Some(done),
             Err(e) => drop(first_err.get_or_insert(e)),
         }

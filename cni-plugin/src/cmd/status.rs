@@ -1,6 +1,6 @@
 //! STATUS (spec 1.1): whether an ADD could succeed now. Code 50 and the reason when it could
-//! not: bpffs missing and not mountable, a kernel without BTF or TCX, the IP pool exhausted, the data dir not
-//! writable. A delegated IPAM plugin answers for its own part.
+//! not: bpffs missing and not mountable, a kernel without BTF or too old for the programs, the
+//! IP pool exhausted, the data dir not writable. A delegated IPAM plugin answers for its own part.
 use std::path::Path;
 
 use crate::{
@@ -9,8 +9,8 @@ use crate::{
     ipam::Ipam,
 };
 
-/// TCX (the attach API for the programs) arrived in Linux 6.6.
-const TCX_SINCE: (u32, u32) = (6, 6);
+/// The newest kernel feature the programs use: `bpf_loop` (masquerade's port search), Linux 5.17.
+const KERNEL_SINCE: (u32, u32) = (5, 17);
 
 pub fn status(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> {
     // A fresh node gets its bpffs here already, as the first ADD would: the node turns Ready
@@ -23,12 +23,12 @@ pub fn status(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> {
         return Err(not_available("the kernel has no BTF (/sys/kernel/btf/vmlinux is missing)"));
     }
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    if kernel_version(&release).is_none_or(|v| v < TCX_SINCE) {
+    if kernel_version(&release).is_none_or(|v| v < KERNEL_SINCE) {
         return Err(not_available(format!(
-            "kernel {} has no TCX; {}.{} or later is needed",
+            "kernel {} is too old for the programs (bpf_loop); {}.{} or later is needed",
             release.trim(),
-            TCX_SINCE.0,
-            TCX_SINCE.1
+            KERNEL_SINCE.0,
+            KERNEL_SINCE.1
         )));
     }
     Ipam::from_conf(conf, raw_conf)?.status(env)
@@ -51,7 +51,7 @@ mod tests {
     #[test]
     fn reads_kernel_versions() {
         assert_eq!(kernel_version("6.18.0-1-amd64\n"), Some((6, 18)));
-        assert!(kernel_version("6.1.0").unwrap() < TCX_SINCE);
+        assert!(kernel_version("5.15.0").unwrap() < KERNEL_SINCE);
         assert_eq!(kernel_version("garbage"), None);
     }
 }

@@ -25,7 +25,7 @@ impl ErrorCode {
     pub const POOL_EXHAUSTED: Self = Self(100);
     /// Plugin-specific: the pod already has this interface (or its host end exists).
     pub const INTERFACE_EXISTS: Self = Self(101);
-    /// Plugin-specific: bpffs, BTF or TCX is missing, or the kernel refused the programs.
+    /// Plugin-specific: bpffs or BTF is missing, or the kernel refused the programs.
     pub const DATAPATH: Self = Self(102);
     /// Plugin-specific: an address the runtime asked for is reserved by another attachment.
     pub const ADDRESS_TAKEN: Self = Self(103);

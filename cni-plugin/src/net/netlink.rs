@@ -37,6 +37,14 @@ fn bpf_program_ids(attr: &TcAttribute) -> Vec<u32> {
         .collect()
 }
 
+/// A cls_bpf filter: where it sits (priority, handle) and the program it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BpfFilter {
+    pub priority: u16,
+    pub handle: u32,
+    pub program_id: u32,
+}
+
 /// A route as CHECK compares it with a result's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RouteEntry {
@@ -261,19 +269,32 @@ impl Netlink {
 
     /// Ids of the BPF programs that the tc (cls_bpf) filters on one side of the link's clsact run.
     pub async fn bpf_filter_programs(&self, index: u32, ingress: bool) -> Result<Vec<u32>> {
+        Ok(self.bpf_filters(index, ingress).await?.into_iter().map(|f| f.program_id).collect())
+    }
+
+    /// The tc (cls_bpf) filters on one side of the link's clsact, in run order.
+    pub async fn bpf_filters(&self, index: u32, ingress: bool) -> Result<Vec<BpfFilter>> {
         let request = self.handle.traffic_filter(index as i32).get();
         let mut filters = if ingress { request.ingress() } else { request.egress() }.execute();
-        let mut ids = Vec::new();
+        let mut found = Vec::new();
         loop {
             match filters.try_next().await {
-                Ok(Some(msg)) => ids.extend(msg.attributes.iter().flat_map(bpf_program_ids)),
+                Ok(Some(msg)) => {
+                    // tcm_info holds the priority in its upper half.
+                    let (priority, handle) = ((msg.header.info >> 16) as u16, u32::from(msg.header.handle));
+                    found.extend(msg.attributes.iter().flat_map(bpf_program_ids).map(|program_id| BpfFilter {
+                        priority,
+                        handle,
+                        program_id,
+                    }));
+                }
                 Ok(None) => break,
                 // A link without a clsact qdisc has no filters to list.
                 Err(e) if is_not_found(&e) || is_invalid(&e) => break,
                 Err(e) => return Err(e).context("listing tc filters"),
             }
         }
-        Ok(ids)
+        Ok(found)
     }
 
     /// Every link of the namespace: (index, name, alias).

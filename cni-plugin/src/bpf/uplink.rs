@@ -1,0 +1,73 @@
+//! The uplink's programs (masquerade out, replies in) as cls_bpf filters under the uplink's
+//! clsact qdisc, as on the pods' veths. Not TCX: each TCX attach waits for an RCU grace period
+//! (10–20 ms here), which made it the largest part of a network's first ADD; a filter does not.
+//!
+//! A filter belongs to the device, not to a pin, so the network finds its own by the ids of the
+//! uplink programs it pinned, and removes them before those pins go (the last DEL, GC, or a
+//! load that restarts after an interrupted one). Their pass verdict (`TC_ACT_UNSPEC`) lets the
+//! uplink's other filters, whoever owns them, still run.
+use aya::programs::{Link as _, ProgramInfo, TcAttachType, tc::SchedClassifierLink};
+use ebpf_common::{DatapathConfig, names};
+
+pub(super) use super::datapath::attach_filter as attach;
+use super::datapath::{Datapath, internal};
+use crate::{
+    cni::{CniResult, Context, ErrorCode},
+    net::netlink::Netlink,
+};
+
+/// Where each uplink program runs.
+pub const PROGRAMS: [(&str, TcAttachType); 2] =
+    [(names::TO_UPLINK, TcAttachType::Egress), (names::FROM_UPLINK, TcAttachType::Ingress)];
+
+impl Datapath {
+    /// Removes the uplink filters running this network's pinned uplink programs; returns how
+    /// many. Nothing to do without masquerade, or when no uplink program was pinned yet.
+    pub(super) async fn detach_uplink(&self, node: &Netlink) -> CniResult<usize> {
+        let Some(config) = self.recorded_settings()? else { return Ok(0) };
+        if config.masquerade == 0 {
+            return Ok(0);
+        }
+        let Some(uplink) =
+            node.link_name(config.uplink_ifindex).await.cni(ErrorCode::IO, "cannot look up the uplink")?
+        else {
+            return Ok(0); // the uplink is gone, and its filters with it
+        };
+        let mut removed = 0;
+        for (name, direction) in PROGRAMS {
+            let pin = self.pins.program(name);
+            if !pin.exists() {
+                continue;
+            }
+            let ours = ProgramInfo::from_pin(&pin).cni(ErrorCode::DATAPATH, format!("cannot open pinned {name}"))?.id();
+            let ingress = direction == TcAttachType::Ingress;
+            let filters = node
+                .bpf_filters(config.uplink_ifindex, ingress)
+                .await
+                .cni(ErrorCode::IO, format!("cannot list {uplink}'s filters"))?;
+            for filter in filters.iter().filter(|f| f.program_id == ours) {
+                let link =
+                    SchedClassifierLink::attached(&uplink, direction, filter.priority, filter.handle.into(), None)
+                        .cni(ErrorCode::DATAPATH, format!("cannot find {uplink}'s filter"))?;
+                link.detach().cni(ErrorCode::DATAPATH, format!("cannot remove {name} from {uplink}"))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The settings the network's programs were loaded with, if it has pins.
+    pub(super) fn recorded_settings(&self) -> CniResult<Option<DatapathConfig>> {
+        let path = self.pins.map(names::SETTINGS);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let map = aya::maps::Map::from_map_data(
+            aya::maps::MapData::from_pin(&path).cni(ErrorCode::DATAPATH, "cannot open pinned SETTINGS")?,
+        )
+        .cni(ErrorCode::DATAPATH, "cannot open pinned SETTINGS")?;
+        let array: aya::maps::Array<_, DatapathConfig> = aya::maps::Array::try_from(map)
+            .map_err(|e| internal(format!("pinned SETTINGS has another layout: {e}")))?;
+        array.get(&0, 0).map(Some).cni(ErrorCode::DATAPATH, "cannot read SETTINGS")
+    }
+}
