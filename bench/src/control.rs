@@ -1,7 +1,9 @@
-//! Control plane: wall time of ADD and DEL as a runtime sees it (exec to exit), with 0, 100
-//! and 500 pods already on the node, and the node's iptables ruleset at each level. Each
-//! plugin has its own node; at every level the plugins take turns, round by round, adding a
-//! batch of pods and deleting it again, so the level holds while it is measured.
+//! Control plane: wall time of ADD and DEL as a runtime sees it (exec to exit): the first ADD
+//! on a fresh node (`cold.rs`), then ADD and DEL with 0, 100 and 500 pods already on the
+//! node, and the node's iptables ruleset at each level. Each plugin has its own node; at every
+//! level the plugins take turns, round by round, adding a batch of pods and deleting it again,
+//! so the level holds while it is measured. Both masquerade (bridge's `ipMasq` with iptables,
+//! ours in BPF on the node's uplink), as a node that sends pods outside does.
 use anyhow::{Result, ensure};
 use ebpf_cni_tests::{Plugin, Testbed, run_in};
 use serde_json::Value;
@@ -15,8 +17,8 @@ use crate::{
 
 const SECTION: &str = "control plane";
 
-struct Node {
-    path: Path,
+pub(crate) struct Node {
+    pub path: Path,
     tb: Testbed,
     conf: Value,
     /// Pods attached now (`tb.pods` also holds the deleted ones' namespaces).
@@ -24,15 +26,25 @@ struct Node {
 }
 
 impl Node {
-    fn new(path: Path, ours: &Plugin) -> Result<Self> {
+    /// A fresh node with an uplink (a veth pair inside it, the default route out of one end),
+    /// which ebpf-cni masquerades on.
+    pub fn new(path: Path, ours: &Plugin) -> Result<Self> {
         let tag = if path == Path::EbpfCni { "cpe" } else { "cpb" };
         let tb = Testbed::with_plugin(tag, "10.244.0.0/16", path.plugin(ours))?;
-        let conf = path.conf(&tb);
+        let node = tb.node.name.as_str();
+        run_in(node, "ip", &["link", "add", "uplink0", "type", "veth", "peer", "name", "uplink1"])?;
+        for link in ["uplink0", "uplink1"] {
+            run_in(node, "ip", &["link", "set", link, "up"])?;
+        }
+        run_in(node, "ip", &["addr", "add", "192.0.2.1/24", "dev", "uplink0"])?;
+        run_in(node, "ip", &["route", "add", "default", "via", "192.0.2.2"])?;
+        let mut conf = path.conf(&tb);
+        conf["ipMasq"] = serde_json::json!(true);
         Ok(Self { path, tb, conf, attached: 0 })
     }
 
     /// ADDs one new pod; returns its index and the wall time in ms.
-    fn add(&mut self) -> Result<(usize, f64)> {
+    pub fn add(&mut self) -> Result<(usize, f64)> {
         let pod = self.tb.new_pod()?;
         let out = self.tb.cni("ADD", pod, &self.conf)?;
         ensure!(out.success, "{} ADD failed: {}", self.path.name(), out.stdout);
@@ -40,7 +52,7 @@ impl Node {
         Ok((pod, out.elapsed.as_secs_f64() * 1e3))
     }
 
-    fn del(&mut self, pod: usize) -> Result<f64> {
+    pub fn del(&mut self, pod: usize) -> Result<f64> {
         let out = self.tb.cni("DEL", pod, &self.conf)?;
         ensure!(out.success, "{} DEL failed: {}", self.path.name(), out.stdout);
         self.attached -= 1;
@@ -55,8 +67,8 @@ impl Node {
 }
 
 pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
+    let mut figures = vec![crate::cold::run(s, ours)?];
     let mut nodes = [Node::new(Path::EbpfCni, ours)?, Node::new(Path::Bridge, ours)?];
-    let mut figures = Vec::new();
     let mut add_p50_by_level = Vec::new();
     for &level in &s.pod_levels {
         for node in &mut nodes {

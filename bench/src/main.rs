@@ -3,6 +3,7 @@
 //! interleaved so drift hits all alike. Writes `bench/results/<date>.md` and `.svg` and prints
 //! the table. `--smoke` runs every measurement briefly and only checks that each figure came out.
 mod chart;
+mod cold;
 mod conn_rate;
 mod control;
 mod cpu;
