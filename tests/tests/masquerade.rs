@@ -81,9 +81,16 @@ fn tcp_udp_and_ping_leave_with_the_node_address() {
     let bridges = run_in(&node.node.name, "ip", &["-o", "link", "show", "type", "bridge"]).unwrap();
     assert!(bridges.stdout.is_empty(), "a bridge exists in the node");
 
+    // The uplink's programs are cls_bpf filters under a clsact qdisc the first ADD added.
+    let uplink_qdiscs = || {
+        let out = run_in(&node.node.name, "tc", &["qdisc", "show", "dev", "uplink0"]).unwrap();
+        String::from_utf8_lossy(&out.stdout).contains("clsact")
+    };
+    assert!(uplink_qdiscs(), "a clsact qdisc on the uplink");
     node.del(pod).unwrap();
     assert_eq!(entries(&node.map_dump_if_pinned("NAT").unwrap()), Vec::<Value>::new(), "NAT entries after DEL");
     assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
+    assert!(!uplink_qdiscs(), "the last DEL removes the uplink's filters and their qdisc");
 }
 
 #[test]
@@ -224,4 +231,27 @@ fn gc_forgets_the_flows_of_pods_that_vanished() {
     assert_eq!(node.map_len("ENDPOINTS").unwrap(), 1);
     assert_eq!(node.host_veths().unwrap().len(), 1);
     assert!(node.ping(&node.pods[kept].netns.name, EXT_SERVER), "the kept pod lost the outside");
+}
+
+/// A first ADD killed after it attached the uplink's filters but before its load was complete:
+/// the next ADD loads again and replaces those filters rather than adding a second pair, and
+/// the last DEL leaves the uplink as it found it.
+#[test]
+fn a_killed_first_load_leaves_no_second_uplink_filter() {
+    let Some(mut c) = cluster("a_killed_first_load_leaves_no_second_uplink_filter", "mqk", "10.248.9.0/24") else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    let (killed, next) = (node.new_pod().unwrap(), node.new_pod().unwrap());
+    ebpf_cni_tests::crash::killed_at(node, killed, "ADD", "add:after-uplink");
+    node.add(next).unwrap();
+    let filters = |direction: &str| {
+        let out = run_in(&node.node.name, "tc", &["filter", "show", "dev", "uplink0", direction]).unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("direct-action")).count()
+    };
+    assert_eq!((filters("egress"), filters("ingress")), (1, 1), "one filter each way");
+    node.del(killed).unwrap();
+    node.del(next).unwrap();
+    assert_eq!((filters("egress"), filters("ingress")), (0, 0));
+    assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
 }

@@ -72,6 +72,7 @@ impl Datapath {
             for (name, direction) in uplink::PROGRAMS {
                 uplink::attach(classifier(&mut ebpf, name)?, uplink, direction)?;
             }
+            crate::fault::point("add:after-uplink");
         }
         // The program that pods attach to is pinned last: its pin means everything is there.
         classifier(&mut ebpf, names::FROM_POD)?

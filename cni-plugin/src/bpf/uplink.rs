@@ -53,6 +53,13 @@ impl Datapath {
                 removed += 1;
             }
         }
+        if removed > 0 {
+            // The clsact qdisc was most likely added for these filters: it goes with the last of
+            // them, unless anyone else's filter still sits under it.
+            node.delete_clsact_if_unused(config.uplink_ifindex)
+                .await
+                .cni(ErrorCode::IO, format!("cannot remove {uplink}'s clsact qdisc"))?;
+        }
         Ok(removed)
     }
 

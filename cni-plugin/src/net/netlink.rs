@@ -11,7 +11,7 @@ use rtnetlink::{
         address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope},
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
         route::{RouteAddress, RouteAttribute, RouteHeader, RouteScope},
-        tc::{TcAttribute, TcFilterBpfOption, TcOption},
+        tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcOption},
     },
 };
 
@@ -270,6 +270,29 @@ impl Netlink {
     /// Ids of the BPF programs that the tc (cls_bpf) filters on one side of the link's clsact run.
     pub async fn bpf_filter_programs(&self, index: u32, ingress: bool) -> Result<Vec<u32>> {
         Ok(self.bpf_filters(index, ingress).await?.into_iter().map(|f| f.program_id).collect())
+    }
+
+    /// Deletes the link's clsact qdisc if no filter of any kind is left under it (one we added
+    /// for our own filters and that nobody else uses); returns whether it did.
+    pub async fn delete_clsact_if_unused(&self, index: u32) -> Result<bool> {
+        for ingress in [true, false] {
+            let request = self.handle.traffic_filter(index as i32).get();
+            let mut filters = if ingress { request.ingress() } else { request.egress() }.execute();
+            match filters.try_next().await {
+                Ok(None) => {}
+                Ok(Some(_)) => return Ok(false),
+                Err(e) if is_not_found(&e) || is_invalid(&e) => return Ok(false), // no clsact at all
+                Err(e) => return Err(e).context("listing tc filters"),
+            }
+        }
+        let mut request = self.handle.qdisc().del(index as i32);
+        request.message_mut().header.parent = TcHandle::CLSACT;
+        request.message_mut().header.handle = TcHandle { major: 0xffff, minor: 0 };
+        match request.execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if is_not_found(&e) || is_invalid(&e) => Ok(false),
+            Err(e) => Err(e).context("deleting the clsact qdisc"),
+        }
     }
 
     /// The tc (cls_bpf) filters on one side of the link's clsact, in run order.
