@@ -22,10 +22,8 @@ pub fn run(binary: PathBuf, hold: bool) -> Result<()> {
     if !require_privileges("demo") {
         bail!("the demo creates network namespaces and loads eBPF: run it as root");
     }
-    let mut c = Cluster::new("demo", "10.244.0.0/16", ["10.244.1.0/24", "10.244.2.0/24"])?;
-    for node in &mut c.nodes {
-        node.plugin = Plugin { binary: binary.clone() };
-    }
+    let plugin = Plugin { binary: binary.clone() };
+    let mut c = Cluster::with_plugin("demo", "10.244.0.0/16", ["10.244.1.0/24", "10.244.2.0/24"], plugin)?;
     // Node 1's programs log new masqueraded flows (read below with `inspect logs`).
     c.nodes[0].extra.insert("ebpfLogLevel".into(), serde_json::json!("info"));
     println!("== node 1 {} (uplink {NODE1_UPLINK_IP} to {}, server {EXT_SERVER})", c.nodes[0].node.name, c.ext.name);
