@@ -15,7 +15,7 @@ mod sockperf;
 mod stats;
 mod topology;
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
@@ -63,8 +63,19 @@ pub struct Settings {
     pub batch: usize,
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+/// Errors as one line with their causes, without the backtrace anyhow's Debug form adds when
+/// RUST_BACKTRACE is set.
+fn main() -> ExitCode {
+    match run_bench(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_bench(cli: Cli) -> Result<()> {
     if !require_privileges("bench") {
         bail!("the benchmarks create network namespaces and load eBPF: run them as root");
     }
