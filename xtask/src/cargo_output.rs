@@ -19,8 +19,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     if std::io::stderr().is_terminal() && std::env::var_os("CARGO_TERM_COLOR").is_none() {
         cmd.env("CARGO_TERM_COLOR", "always");
     }
-    let mut child =
-        cmd.stderr(Stdio::piped()).spawn().with_context(|| format!("cannot run `{}`", describe(cmd)))?;
+    let mut child = cmd.stderr(Stdio::piped()).spawn().with_context(|| format!("cannot run `{}`", describe(cmd)))?;
     let mut pipe = BufReader::new(child.stderr.take().context("cargo's stderr")?);
     let mut held = Vec::new();
     let mut line = Vec::new();

@@ -31,11 +31,7 @@ pub fn command(program: &str) -> Command {
 /// The command line as a person would type it, for error messages (Command's Debug form also
 /// lists every variable set, PATH included).
 pub fn describe(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(OsStr::to_string_lossy)
-        .collect::<Vec<_>>()
-        .join(" ")
+    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(OsStr::to_string_lossy).collect::<Vec<_>>().join(" ")
 }
 
 /// Runs to completion with inherited output; fails on a non-zero exit.
