@@ -83,6 +83,13 @@ fn every_view_shows_what_the_datapath_holds() {
     assert_eq!(egress["translated"], format!("{NODE1_UPLINK_IP}:4242"), "the pod's own port was free");
     let reply = nat.iter().find(|r| r["direction"] == "reply").expect("a reply entry");
     assert_eq!(reply["translated"], format!("{}:4242", pods[0].ip));
+    // Both entries name the masqueraded pod (its owner cookie led to its endpoint and veth).
+    for row in [egress, reply] {
+        assert_eq!(row["pod"], pods[0].ip.to_string(), "{row}");
+        assert_eq!(row["container_id"], node.pods[0].container_id, "{row}");
+        assert_eq!(row["ifname"], "eth0", "{row}");
+        assert!(row["owner"].as_str().is_some_and(|o| o.parse::<u64>().is_ok()), "{row}");
+    }
 
     // The pods' own IPv6 router solicitations add drops of this reason at any time.
     let before = node.drops(DropReason::UnsupportedProtocol).unwrap();
@@ -124,6 +131,9 @@ fn every_view_shows_what_the_datapath_holds() {
         assert!(ok && table.lines().count() >= 2, "{view}: {table} {stderr}");
         eprintln!("inspect {view}:\n{table}");
     }
+    let (_, table, _) = inspect(node, &["nat"]);
+    let egress = table.lines().find(|l| l.starts_with("egress")).expect("an egress line");
+    assert!(egress.ends_with(&format!("{}  {}", pods[0].ip, node.pods[0].container_id)), "{table}");
     let (_, table, _) = inspect(node, &["counters"]);
     assert!(table.lines().any(|l| l.starts_with("4 ") && l.contains("unsupported-protocol")), "{table}");
 

@@ -2,6 +2,7 @@
 //! maps `bpftool map dump pinned …` prints) and, for `programs`, from the node's interfaces.
 mod logs;
 mod maps;
+mod nat;
 mod programs;
 mod table;
 
@@ -38,7 +39,7 @@ pub struct Inspect {
 enum View {
     /// Pods on this node (ENDPOINTS): address, host veth, MACs, owner.
     Endpoints,
-    /// Masqueraded flows (NAT), both directions, with their idle time.
+    /// Masqueraded flows (NAT), both directions, with their idle time and their pod.
     Nat,
     /// Drops by reason (METRICS), summed over CPUs; every reason listed.
     Counters,
@@ -70,7 +71,7 @@ pub fn run(args: Inspect) -> Result<()> {
     let netns = args.netns.as_deref();
     match args.view {
         View::Endpoints => table::print(&maps::endpoints(&pins, &interfaces(netns)?)?, args.output),
-        View::Nat => table::print(&maps::nat(&pins)?, args.output),
+        View::Nat => table::print(&nat::rows(&pins, || interfaces(netns))?, args.output),
         View::Counters => table::print(&maps::counters(&pins)?, args.output),
         View::Settings => table::print(&maps::settings(&pins, &interfaces(netns)?)?, args.output),
         View::Programs => table::print(&programs::rows(&pins, &interfaces(netns)?)?, args.output),
