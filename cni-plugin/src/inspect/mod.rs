@@ -62,7 +62,12 @@ pub fn run(args: Inspect) -> Result<()> {
         None => only_network(&args.bpffs_root)?,
     };
     let pins = Pins::new(&args.bpffs_root, &network);
-    if !pins.version_dir().exists() {
+    // `exists()` is false for a path the user may not read (the pins are mode 0700): say why.
+    let pinned = pins
+        .version_dir()
+        .try_exists()
+        .with_context(|| format!("reading {} (run inspect as root)", pins.version_dir().display()))?;
+    if !pinned {
         bail!(
             "network {network:?} has no datapath pinned under {} (no pod yet, or another bpffsRoot)",
             args.bpffs_root.display()
@@ -89,7 +94,10 @@ fn interfaces(netns: Option<&Path>) -> Result<programs::Interfaces> {
 
 /// The network to show when none is named: the only directory under the root.
 fn only_network(root: &Path) -> Result<String> {
-    let entries = fs::read_dir(root).with_context(|| format!("reading {} (is a pod running?)", root.display()))?;
+    let entries = fs::read_dir(root).with_context(|| match fs::metadata(root) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!("reading {} (is a pod running?)", root.display()),
+        _ => format!("reading {} (run inspect as root)", root.display()),
+    })?;
     let mut names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     match names.as_slice() {
