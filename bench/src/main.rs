@@ -19,7 +19,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
-use ebpf_cni_tests::{Plugin, require_privileges, run};
+use ebpf_cni_tests::{Plugin, is_root, run};
 
 #[derive(Parser)]
 #[command(about = "ebpf-cni vs bridge, and vs a bare veth pair and loopback")]
@@ -76,7 +76,7 @@ fn main() -> ExitCode {
 }
 
 fn run_bench(cli: Cli) -> Result<()> {
-    if !require_privileges("bench") {
+    if !is_root() {
         bail!("the benchmarks create network namespaces and load eBPF: run them as root");
     }
     let ours = match &cli.plugin {

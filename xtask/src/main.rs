@@ -74,6 +74,7 @@ fn run(task: Task) -> Result<()> {
             cmd::cargo_with_env(&["run", "--quiet", "--package", "bench", "--", "--smoke"], &env)
         }
         Task::Demo { hold } => {
+            demo::require_root()?;
             setup::run()?;
             demo::run(cmd::build_plugin(true)?, hold)
         }
