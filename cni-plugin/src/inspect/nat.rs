@@ -104,3 +104,33 @@ pub fn rows(pins: &Pins, interfaces: impl FnOnce() -> Result<Interfaces>) -> Res
     rows.sort_by(|a, b| (a.direction, &a.src, &a.dst).cmp(&(b.direction, &b.src, &b.dst)));
     Ok(rows)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{NatRow, Row as _};
+
+    fn row(pod: Option<&str>, container_id: Option<&str>) -> NatRow {
+        NatRow {
+            direction: "egress",
+            protocol: "udp",
+            src: "10.0.0.2:4242".into(),
+            dst: "198.51.100.10:53".into(),
+            translated: "192.0.2.1:4242".into(),
+            owner: "42".into(),
+            idle_seconds: 1,
+            pod: pod.map(|ip| ip.parse().unwrap()),
+            container_id: container_id.map(String::from),
+            ifname: container_id.map(|_| "eth0".into()),
+        }
+    }
+
+    #[test]
+    fn a_flow_names_its_pod_or_says_it_has_none() {
+        let id = "0123456789abcdef".repeat(4);
+        assert_eq!(row(Some("10.0.0.2"), Some(&id)).cells()[6..], ["10.0.0.2", "0123456789ab"]);
+        assert_eq!(row(Some("10.0.0.2"), None).cells()[6..], ["10.0.0.2", "?"]);
+        assert_eq!(row(None, None).cells()[6..], ["-", "-"]);
+        let json = serde_json::to_value(row(None, None)).unwrap();
+        assert!(json["pod"].is_null() && json["container_id"].is_null() && json["owner"] == "42", "{json}");
+    }
+}
