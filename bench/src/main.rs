@@ -16,11 +16,11 @@ mod sockperf;
 mod stats;
 mod topology;
 
-use std::path::PathBuf;
+use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
-use ebpf_cni_tests::{Plugin, require_privileges, run};
+use ebpf_cni_tests::{Plugin, is_root, run};
 
 #[derive(Parser)]
 #[command(about = "ebpf-cni vs bridge, and vs a bare veth pair and loopback")]
@@ -64,9 +64,20 @@ pub struct Settings {
     pub batch: usize,
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
-    if !require_privileges("bench") {
+/// Errors as one line with their causes, without the backtrace anyhow's Debug form adds when
+/// RUST_BACKTRACE is set.
+fn main() -> ExitCode {
+    match run_bench(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_bench(cli: Cli) -> Result<()> {
+    if !is_root() {
         bail!("the benchmarks create network namespaces and load eBPF: run them as root");
     }
     let ours = match &cli.plugin {

@@ -27,9 +27,9 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
     let mut conns = Figure::new(SECTION, "TCP connections, one at a time", "conn/s", Higher).target(bridge, 1.0);
     for round in 0..s.rounds {
         for path in topology::rotated(Path::PLUGINS, round) {
-            let mut cluster = Cluster::new(&format!("bm{round}"), "10.241.0.0/16", ["10.241.1.0/24", "10.241.2.0/24"])?;
+            let subnets = ["10.241.1.0/24", "10.241.2.0/24"];
+            let mut cluster = Cluster::with_plugin(&format!("bm{round}"), "10.241.0.0/16", subnets, path.plugin(ours))?;
             let node = &mut cluster.nodes[0];
-            node.plugin = path.plugin(ours);
             let pod = node.new_pod()?;
             let conf = path.conf(node);
             let out = node.cni("ADD", pod, &conf)?;

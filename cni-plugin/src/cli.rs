@@ -1,5 +1,8 @@
 //! The binary run by hand (no CNI_COMMAND in the environment).
-use std::process::ExitCode;
+use std::{
+    io::{ErrorKind, Write as _},
+    process::ExitCode,
+};
 
 use clap::{Parser, Subcommand};
 
@@ -28,8 +31,8 @@ enum Sub {
 pub fn run() -> ExitCode {
     match Cli::parse().command {
         Some(Sub::CniVersions) => {
-            println!("{}", version::SUPPORTED.join(" "));
-            ExitCode::SUCCESS
+            let versions = format!("{}\n", version::SUPPORTED.join(" "));
+            report(write_stdout(&versions).map(drop).map_err(Into::into))
         }
         Some(Sub::Inspect(args)) => report(crate::inspect::run(args)),
         Some(Sub::Install(args)) => report(crate::install::run(args)),
@@ -51,5 +54,18 @@ fn report(outcome: anyhow::Result<()>) -> ExitCode {
             eprintln!("ebpf-cni: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Writes to stdout; `Ok(false)` once the reader has gone. `ebpf-cni inspect … | head -1` closes
+/// the pipe early: that ends the output quietly, as for any Unix filter, where `println!` would
+/// panic (Rust ignores SIGPIPE, so the write fails instead). The CNI verbs never get here: they
+/// keep reporting every failure as error JSON.
+pub fn write_stdout(text: &str) -> std::io::Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e),
     }
 }

@@ -6,7 +6,7 @@
 use anyhow::Result;
 use serde_json::json;
 
-use crate::{NetnsGuard, Testbed, run_in};
+use crate::{NetnsGuard, Plugin, Testbed, run_in};
 
 /// The external server's address: only on `ext`'s loopback.
 pub const EXT_SERVER: &str = "198.51.100.10";
@@ -30,9 +30,16 @@ impl Cluster {
             .then(|| Self::new(tag, cluster_cidr, subnets).expect("building the test cluster"))
     }
 
+    /// Both nodes run the binary under test (see [`Plugin::from_env`]).
     pub fn new(tag: &str, cluster_cidr: &str, subnets: [&str; 2]) -> Result<Self> {
-        let mut node1 = Testbed::new(&format!("{tag}1"), subnets[0])?;
-        let mut node2 = Testbed::new(&format!("{tag}2"), subnets[1])?;
+        Self::with_plugin(tag, cluster_cidr, subnets, Plugin::from_env()?)
+    }
+
+    /// Both nodes run `plugin`: the demo and benchmarks bring their own binary, which need not
+    /// be the debug build [`Plugin::from_env`] looks for.
+    pub fn with_plugin(tag: &str, cluster_cidr: &str, subnets: [&str; 2], plugin: Plugin) -> Result<Self> {
+        let mut node1 = Testbed::with_plugin(&format!("{tag}1"), subnets[0], plugin.clone())?;
+        let mut node2 = Testbed::with_plugin(&format!("{tag}2"), subnets[1], plugin)?;
         let ext = NetnsGuard::create(&format!("{}-ext", node1.run_id))?;
         let (n1, n2) = (node1.node.name.clone(), node2.node.name.clone());
         veth(&n1, "uplink0", &ext.name, "eth0")?;

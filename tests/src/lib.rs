@@ -16,5 +16,5 @@ pub use cluster::{Cluster, EXT_SERVER, EXT_UPLINK_IP, NODE1_UPLINK_IP, UNDERLAY_
 pub use fake_api::{FakeApi, Say};
 pub use guard::{Bpffs, MountNamespace, NetnsGuard, run, run_in};
 pub use plugin::{CniOutput, Plugin, exec_binary};
-pub use privileges::require_privileges;
+pub use privileges::{is_root, require_privileges};
 pub use testbed::{Attached, NODE_IP, Pod, TEST_MTU, Testbed};

@@ -2,23 +2,30 @@
 //! the pinned maps and the node's interfaces show it), in table and JSON form; eBPF logs only
 //! when the network asks for them.
 use std::{
+    io::{BufRead as _, BufReader},
     net::{Ipv4Addr, SocketAddrV4},
-    process::Command,
+    os::unix::process::ExitStatusExt as _,
+    process::{Command, Stdio},
 };
 
 use ebpf_cni_tests::{Attached, Cluster, EXT_SERVER, NODE1_UPLINK_IP, Testbed, traffic};
 use ebpf_common::DropReason;
 use serde_json::{Value, json};
 
-/// Runs `ebpf-cni inspect <args…>` against `node`'s network; returns (success, stdout, stderr).
-fn inspect(node: &Testbed, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(&node.plugin.binary)
+/// `ebpf-cni inspect <args…>` against `node`'s network.
+fn inspect_command(node: &Testbed, args: &[&str]) -> Command {
+    let mut command = Command::new(&node.plugin.binary);
+    command
         .arg("inspect")
         .args(args)
         .args(["--bpffs-root", node.bpffs_root().to_str().unwrap()])
-        .args(["--netns", &format!("/run/netns/{}", node.node.name)])
-        .output()
-        .unwrap();
+        .args(["--netns", &format!("/run/netns/{}", node.node.name)]);
+    command
+}
+
+/// Runs `ebpf-cni inspect <args…>` against `node`'s network; returns (success, stdout, stderr).
+fn inspect(node: &Testbed, args: &[&str]) -> (bool, String, String) {
+    let out = inspect_command(node, args).output().unwrap();
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (out.status.success(), text(&out.stdout), text(&out.stderr))
 }
@@ -83,6 +90,13 @@ fn every_view_shows_what_the_datapath_holds() {
     assert_eq!(egress["translated"], format!("{NODE1_UPLINK_IP}:4242"), "the pod's own port was free");
     let reply = nat.iter().find(|r| r["direction"] == "reply").expect("a reply entry");
     assert_eq!(reply["translated"], format!("{}:4242", pods[0].ip));
+    // Both entries name the masqueraded pod (its owner cookie led to its endpoint and veth).
+    for row in [egress, reply] {
+        assert_eq!(row["pod"], pods[0].ip.to_string(), "{row}");
+        assert_eq!(row["container_id"], node.pods[0].container_id, "{row}");
+        assert_eq!(row["ifname"], "eth0", "{row}");
+        assert!(row["owner"].as_str().is_some_and(|o| o.parse::<u64>().is_ok()), "{row}");
+    }
 
     // The pods' own IPv6 router solicitations add drops of this reason at any time.
     let before = node.drops(DropReason::UnsupportedProtocol).unwrap();
@@ -124,6 +138,9 @@ fn every_view_shows_what_the_datapath_holds() {
         assert!(ok && table.lines().count() >= 2, "{view}: {table} {stderr}");
         eprintln!("inspect {view}:\n{table}");
     }
+    let (_, table, _) = inspect(node, &["nat"]);
+    let egress = table.lines().find(|l| l.starts_with("egress")).expect("an egress line");
+    assert!(egress.ends_with(&format!("{}  {}", pods[0].ip, node.pods[0].container_id)), "{table}");
     let (_, table, _) = inspect(node, &["counters"]);
     assert!(table.lines().any(|l| l.starts_with("4 ") && l.contains("unsupported-protocol")), "{table}");
 
@@ -154,4 +171,37 @@ fn an_unknown_network_is_a_clear_error() {
     let (ok, stdout, stderr) = inspect(&node, &["nat", "--network", "nope"]);
     assert!(!ok && stdout.is_empty(), "{stdout}");
     assert!(stderr.contains("\"nope\" has no datapath pinned"), "{stderr}");
+}
+
+/// `inspect … | head -1`: a reader that goes away ends the output quietly, without a panic.
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    let Some(mut node) = Testbed::for_test("a_closed_pipe_ends_output_quietly", "insph", "10.249.8.0/24") else {
+        return;
+    };
+    for _ in 0..2 {
+        let pod = node.new_pod().unwrap();
+        node.add(pod).unwrap();
+    }
+    let quiet = |status: std::process::ExitStatus, stderr: &str, what: &str| {
+        assert!(status.success() || status.signal() == Some(libc::SIGPIPE), "{what}: {status} {stderr}");
+        assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{what}: {stderr}");
+    };
+
+    // As `head -1` does it: read a line, close the pipe.
+    let mut child =
+        inspect_command(&node, &["endpoints"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.starts_with("IP "), "{first}");
+    let out = child.wait_with_output().unwrap();
+    quiet(out.status, &String::from_utf8_lossy(&out.stderr), "endpoints, one line read");
+
+    // The reader already gone before a byte is written: the write itself fails, every time.
+    for view in ["endpoints", "nat", "counters", "settings", "programs"] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = inspect_command(&node, &[view, "-o", "json"]).stdout(writer).output().unwrap();
+        quiet(out.status, &String::from_utf8_lossy(&out.stderr), view);
+    }
 }

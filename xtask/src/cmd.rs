@@ -7,6 +7,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+use crate::cargo_output;
+
 /// The workspace root (xtask lives one level below it).
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the workspace").to_path_buf()
@@ -26,20 +28,26 @@ pub fn command(program: &str) -> Command {
     cmd
 }
 
+/// The command line as a person would type it, for error messages (Command's Debug form also
+/// lists every variable set, PATH included).
+pub fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(OsStr::to_string_lossy).collect::<Vec<_>>().join(" ")
+}
+
 /// Runs to completion with inherited output; fails on a non-zero exit.
 pub fn status(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    let status = cmd.status().with_context(|| format!("cannot run `{}`", describe(cmd)))?;
     if !status.success() {
-        bail!("{cmd:?} failed with {status}");
+        bail!("`{}` failed ({status})", describe(cmd));
     }
     Ok(())
 }
 
 /// Runs and returns stdout; fails on a non-zero exit.
 pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("spawning {cmd:?}"))?;
+    let out = cmd.output().with_context(|| format!("cannot run `{}`", describe(cmd)))?;
     if !out.status.success() {
-        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!("`{}` failed: {}", describe(cmd), String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -48,18 +56,21 @@ pub fn cargo(args: &[&str]) -> Result<()> {
     cargo_with_env(args, &[])
 }
 
+/// Runs cargo without the eBPF build's replayed lines on stderr (see [`cargo_output`]).
 pub fn cargo_with_env(args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
     let mut cmd = command("cargo");
     cmd.args(args).envs(env.iter().copied());
-    status(&mut cmd)
+    cargo_output::run(&mut cmd)
 }
 
 /// Builds `ebpf-cni` and returns the binary's path.
 pub fn build_plugin(release: bool) -> Result<PathBuf> {
+    let profile = if release { "release" } else { "debug" };
+    eprintln!("building ebpf-cni ({profile}) and its eBPF programs…");
     let mut args = vec!["build", "--package", "cni-plugin"];
     if release {
         args.push("--release");
     }
     cargo(&args)?;
-    Ok(workspace().join("target").join(if release { "release" } else { "debug" }).join("ebpf-cni"))
+    Ok(workspace().join("target").join(profile).join("ebpf-cni"))
 }

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use ebpf_cni_tests::{
-    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, Testbed, require_privileges, run_in,
+    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, Testbed, run_in,
     traffic::{self, ask_tcp, serve_tcp},
 };
 use serde_json::Value;
@@ -18,14 +18,17 @@ use serde_json::Value;
 /// Pods per node: two on node 1 (same-node path), one on node 2 (cross-node path).
 const PODS: [usize; 2] = [2, 1];
 
-pub fn run(binary: PathBuf, hold: bool) -> Result<()> {
-    if !require_privileges("demo") {
+/// Checked before anything is installed or built, so a missing privilege costs no build.
+pub fn require_root() -> Result<()> {
+    if !ebpf_cni_tests::is_root() {
         bail!("the demo creates network namespaces and loads eBPF: run it as root");
     }
-    let mut c = Cluster::new("demo", "10.244.0.0/16", ["10.244.1.0/24", "10.244.2.0/24"])?;
-    for node in &mut c.nodes {
-        node.plugin = Plugin { binary: binary.clone() };
-    }
+    Ok(())
+}
+
+pub fn run(binary: PathBuf, hold: bool) -> Result<()> {
+    let plugin = Plugin { binary: binary.clone() };
+    let mut c = Cluster::with_plugin("demo", "10.244.0.0/16", ["10.244.1.0/24", "10.244.2.0/24"], plugin)?;
     // Node 1's programs log new masqueraded flows (read below with `inspect logs`).
     c.nodes[0].extra.insert("ebpfLogLevel".into(), serde_json::json!("info"));
     println!("== node 1 {} (uplink {NODE1_UPLINK_IP} to {}, server {EXT_SERVER})", c.nodes[0].node.name, c.ext.name);

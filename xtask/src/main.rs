@@ -1,7 +1,10 @@
 //! `cargo xtask <task>`: everything a developer or CI runs, each task installing what it needs.
+mod cargo_output;
 mod cmd;
 mod demo;
 mod setup;
+
+use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -40,8 +43,21 @@ enum Task {
     },
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().task {
+/// An error is one line, its causes joined by ": ", not anyhow's Debug form: that form lists
+/// the causes on lines of their own and appends a backtrace whenever RUST_BACKTRACE is set, as it
+/// is in many shells and CI images.
+fn main() -> ExitCode {
+    match run(Cli::parse().task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> Result<()> {
+    match task {
         Task::Setup => setup::run(),
         Task::Build { release } => {
             setup::run()?;
@@ -52,16 +68,20 @@ fn main() -> Result<()> {
             let plugin = cmd::build_plugin(false)?;
             cmd::cargo(&["fmt", "--all", "--", "--check"])?;
             let env = [("EBPF_CNI_BIN", plugin.as_os_str())];
+            eprintln!("running every test…");
             cmd::cargo_with_env(&["test", "--no-fail-fast"], &env)?;
+            eprintln!("running the benchmarks in smoke mode…");
             cmd::cargo_with_env(&["run", "--quiet", "--package", "bench", "--", "--smoke"], &env)
         }
         Task::Demo { hold } => {
+            demo::require_root()?;
             setup::run()?;
             demo::run(cmd::build_plugin(true)?, hold)
         }
         Task::Bench { args } => {
             setup::run()?;
             let plugin = cmd::build_plugin(true)?;
+            eprintln!("running the benchmarks…");
             let mut full = vec!["run", "--quiet", "--release", "--package", "bench", "--"];
             full.extend(args.iter().map(String::as_str));
             cmd::cargo_with_env(&full, &[("EBPF_CNI_BIN", plugin.as_os_str())])

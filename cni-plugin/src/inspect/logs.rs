@@ -1,6 +1,10 @@
 //! `inspect logs`: the TC programs' aya-log records, read from the ring buffer of the pinned
 //! programs (all three share one) and printed one per line on stdout.
-use std::{io::Write as _, thread::sleep, time::Duration};
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    thread::sleep,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result};
 use aya::programs::ProgramInfo;
@@ -13,6 +17,9 @@ use crate::bpf::Pins;
 /// How often `--follow` polls the ring buffer.
 const POLL: Duration = Duration::from_millis(200);
 
+/// Set once stdout's reader has gone (`inspect logs -f | head`): following stops there.
+static READER_GONE: AtomicBool = AtomicBool::new(false);
+
 struct Stdout;
 
 impl Log for Stdout {
@@ -21,12 +28,13 @@ impl Log for Stdout {
     }
 
     fn log(&self, record: &Record<'_>) {
-        let _ = writeln!(std::io::stdout().lock(), "{:5} {}", record.level(), record.args());
+        // Other write errors cannot be returned from here; the record is lost either way.
+        if let Ok(false) = crate::cli::write_stdout(&format!("{:5} {}\n", record.level(), record.args())) {
+            READER_GONE.store(true, Ordering::Relaxed);
+        }
     }
 
-    fn flush(&self) {
-        let _ = std::io::stdout().flush();
-    }
+    fn flush(&self) {}
 }
 
 pub fn read(pins: &Pins, follow: bool) -> Result<()> {
@@ -35,7 +43,7 @@ pub fn read(pins: &Pins, follow: bool) -> Result<()> {
         .context("opening the programs' log buffer (AYA_LOGS)")?;
     loop {
         logger.flush();
-        if !follow {
+        if !follow || READER_GONE.load(Ordering::Relaxed) {
             return Ok(());
         }
         sleep(POLL);

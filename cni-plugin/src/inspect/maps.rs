@@ -1,22 +1,23 @@
-//! Rows of the map views: ENDPOINTS, NAT, METRICS and SETTINGS, opened from their pins.
+//! Rows of the map views: ENDPOINTS, METRICS and SETTINGS, opened from their pins (NAT, which
+//! names its pods from ENDPOINTS, is in `nat.rs`).
 use std::net::Ipv4Addr;
 
 use anyhow::{Context as _, Result};
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
-use ebpf_common::{Counter, DatapathConfig, DropReason, Endpoint, IpKey, NAT_EGRESS, NatEntry, NatKey, names};
+use ebpf_common::{Counter, DatapathConfig, DropReason, Endpoint, IpKey, names};
 use serde::Serialize;
 
 use super::{programs::Interfaces, table::Row};
 use crate::{bpf::Pins, net::netlink::format_mac};
 
-fn open(pins: &Pins, name: &str) -> Result<Map> {
+pub(super) fn open(pins: &Pins, name: &str) -> Result<Map> {
     let path = pins.map(name);
     let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
     Map::from_map_data(data).with_context(|| format!("{name} is not a map this build knows"))
 }
 
 /// The IPv4 address in a 16-byte address field.
-fn ipv4(addr: [u8; 16]) -> Ipv4Addr {
+pub(super) fn ipv4(addr: [u8; 16]) -> Ipv4Addr {
     Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3])
 }
 
@@ -53,15 +54,19 @@ impl Row for EndpointRow {
 
 /// A 64-digit hex container ID (containerd, CRI-O, podman) as `crictl ps` shows it: its first
 /// twelve digits. Other IDs are shown whole.
-fn short_id(id: &str) -> &str {
+pub(super) fn short_id(id: &str) -> &str {
     if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) { &id[..12] } else { id }
 }
 
-pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
+/// Every pod address and its endpoint, as ENDPOINTS holds them.
+pub(super) fn endpoint_entries(pins: &Pins) -> Result<Vec<(IpKey, Endpoint)>> {
     let map: HashMap<_, IpKey, Endpoint> = HashMap::try_from(open(pins, names::ENDPOINTS)?)?;
-    let mut rows: Vec<EndpointRow> = map
-        .iter()
-        .filter_map(Result::ok)
+    Ok(map.iter().filter_map(Result::ok).collect())
+}
+
+pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
+    let mut rows: Vec<EndpointRow> = endpoint_entries(pins)?
+        .into_iter()
         .map(|(key, ep)| (key, ep, names.attachment(ep.host_ifindex).unzip()))
         .map(|(key, ep, (container_id, ifname))| EndpointRow {
             ip: ipv4(key.addr),
@@ -75,63 +80,6 @@ pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
         })
         .collect();
     rows.sort_by_key(|r| r.ip);
-    Ok(rows)
-}
-
-#[derive(Serialize)]
-pub struct NatRow {
-    /// `egress` (pod → outside, source rewritten) or `reply` (outside → node, destination
-    /// rewritten).
-    direction: &'static str,
-    protocol: &'static str,
-    src: String,
-    dst: String,
-    /// What the rewritten address becomes.
-    translated: String,
-    owner: String,
-    idle_seconds: u64,
-}
-
-impl Row for NatRow {
-    const HEADERS: &'static [&'static str] =
-        &["DIR", "PROTO", "SOURCE", "DESTINATION", "REWRITTEN TO", "IDLE", "OWNER"];
-    fn cells(&self) -> Vec<String> {
-        vec![
-            self.direction.into(),
-            self.protocol.into(),
-            self.src.clone(),
-            self.dst.clone(),
-            self.translated.clone(),
-            format!("{}s", self.idle_seconds),
-            self.owner.clone(),
-        ]
-    }
-}
-
-pub fn nat(pins: &Pins) -> Result<Vec<NatRow>> {
-    let map: HashMap<_, NatKey, NatEntry> = HashMap::try_from(open(pins, names::NAT)?)?;
-    // The programs stamp entries with bpf_ktime_get_ns: CLOCK_MONOTONIC.
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
-    let now_ns = now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64;
-    let mut rows: Vec<NatRow> = map
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(key, entry)| NatRow {
-            direction: if entry.direction == NAT_EGRESS { "egress" } else { "reply" },
-            protocol: match key.protocol {
-                6 => "tcp",
-                17 => "udp",
-                1 => "icmp",
-                _ => "other",
-            },
-            src: format!("{}:{}", ipv4(key.src_addr), key.src_port),
-            dst: format!("{}:{}", ipv4(key.dst_addr), key.dst_port),
-            translated: format!("{}:{}", ipv4(entry.addr), entry.port),
-            owner: entry.owner.to_string(),
-            idle_seconds: now_ns.saturating_sub(entry.last_seen_ns) / 1_000_000_000,
-        })
-        .collect();
-    rows.sort_by(|a, b| (a.direction, &a.src, &a.dst).cmp(&(b.direction, &b.src, &b.dst)));
     Ok(rows)
 }
 

@@ -2,6 +2,7 @@
 //! maps `bpftool map dump pinned …` prints) and, for `programs`, from the node's interfaces.
 mod logs;
 mod maps;
+mod nat;
 mod programs;
 mod table;
 
@@ -38,7 +39,7 @@ pub struct Inspect {
 enum View {
     /// Pods on this node (ENDPOINTS): address, host veth, MACs, owner.
     Endpoints,
-    /// Masqueraded flows (NAT), both directions, with their idle time.
+    /// Masqueraded flows (NAT), both directions, with their idle time and their pod.
     Nat,
     /// Drops by reason (METRICS), summed over CPUs; every reason listed.
     Counters,
@@ -61,7 +62,12 @@ pub fn run(args: Inspect) -> Result<()> {
         None => only_network(&args.bpffs_root)?,
     };
     let pins = Pins::new(&args.bpffs_root, &network);
-    if !pins.version_dir().exists() {
+    // `exists()` is false for a path the user may not read (the pins are mode 0700): say why.
+    let pinned = pins
+        .version_dir()
+        .try_exists()
+        .with_context(|| format!("reading {} (run inspect as root)", pins.version_dir().display()))?;
+    if !pinned {
         bail!(
             "network {network:?} has no datapath pinned under {} (no pod yet, or another bpffsRoot)",
             args.bpffs_root.display()
@@ -70,7 +76,7 @@ pub fn run(args: Inspect) -> Result<()> {
     let netns = args.netns.as_deref();
     match args.view {
         View::Endpoints => table::print(&maps::endpoints(&pins, &interfaces(netns)?)?, args.output),
-        View::Nat => table::print(&maps::nat(&pins)?, args.output),
+        View::Nat => table::print(&nat::rows(&pins, || interfaces(netns))?, args.output),
         View::Counters => table::print(&maps::counters(&pins)?, args.output),
         View::Settings => table::print(&maps::settings(&pins, &interfaces(netns)?)?, args.output),
         View::Programs => table::print(&programs::rows(&pins, &interfaces(netns)?)?, args.output),
@@ -88,7 +94,10 @@ fn interfaces(netns: Option<&Path>) -> Result<programs::Interfaces> {
 
 /// The network to show when none is named: the only directory under the root.
 fn only_network(root: &Path) -> Result<String> {
-    let entries = fs::read_dir(root).with_context(|| format!("reading {} (is a pod running?)", root.display()))?;
+    let entries = fs::read_dir(root).with_context(|| match fs::metadata(root) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!("reading {} (is a pod running?)", root.display()),
+        _ => format!("reading {} (run inspect as root)", root.display()),
+    })?;
     let mut names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     match names.as_slice() {

@@ -1,5 +1,6 @@
 //! How `inspect` prints what it read: an aligned table for people, JSON for scripts. Every view
 //! is a list of rows that serialise to JSON objects and render to table cells.
+use anyhow::Context as _;
 use clap::ValueEnum;
 use serde::Serialize;
 
@@ -17,10 +18,11 @@ pub trait Row: Serialize {
 }
 
 pub fn print<R: Row>(rows: &[R], format: Format) -> anyhow::Result<()> {
-    match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(rows)?),
-        Format::Table => print!("{}", render(R::HEADERS, rows.iter().map(Row::cells))),
-    }
+    let text = match format {
+        Format::Json => format!("{}\n", serde_json::to_string_pretty(rows)?),
+        Format::Table => render(R::HEADERS, rows.iter().map(Row::cells)),
+    };
+    crate::cli::write_stdout(&text).context("writing to stdout")?;
     Ok(())
 }
 
