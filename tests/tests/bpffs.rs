@@ -25,6 +25,17 @@ fn a_node_without_bpffs_gets_one() {
     let inside = mounts.inside(&mount_point);
     assert_ne!(fs_type(&inside), BPF_FS_MAGIC, "no bpffs yet");
 
+    // A directory that holds something is never mounted over (a root of `/sys/fs/bpf` itself
+    // on a fresh node would otherwise hide `/sys/fs`): STATUS says why ADD would fail.
+    let busy = tb.data_dir().with_file_name("busy");
+    std::fs::create_dir_all(busy.join("something")).unwrap();
+    let mut hiding = tb.conf("1.1.0");
+    hiding["bpffsRoot"] = json!(busy.join("ebpf-cni"));
+    let out = tb.cni_raw(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")], &hiding.to_string()).unwrap();
+    assert_eq!(out.code(), Some(50), "{}", out.stdout);
+    assert!(out.stdout.contains("not empty"), "{}", out.stdout);
+    assert_ne!(fs_type(&mounts.inside(&busy)), BPF_FS_MAGIC);
+
     let status = tb.cni_raw(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")], &tb.conf("1.1.0").to_string());
     assert!(status.unwrap().success, "STATUS mounts bpffs and reports ready");
     assert_eq!(fs_type(&inside), BPF_FS_MAGIC, "STATUS mounted bpffs");

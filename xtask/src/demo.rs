@@ -149,7 +149,7 @@ fn check_status_gc(node: &Testbed, results: &[Value]) -> Result<()> {
     let out =
         node.cni_raw(&[("CNI_COMMAND", "STATUS"), ("CNI_PATH", "/usr/lib/cni")], &node.conf("1.1.0").to_string())?;
     ensure!(out.success, "STATUS failed: {}", out.stdout);
-    println!("STATUS: ok (bpffs, BTF, TCX, IP pool, data dir)");
+    println!("STATUS: ok (bpffs, BTF, kernel, IP pool, data dir)");
     let gone = node.pods.len() - 1;
     ebpf_cni_tests::run("ip", &["netns", "del", &node.pods[gone].netns.name])?;
     println!("pod {gone}'s sandbox vanished without a DEL; GC with the other pods as valid attachments:");

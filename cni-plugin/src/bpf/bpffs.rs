@@ -3,7 +3,7 @@
 //! the parent of its root (`/sys/fs/bpf` for the default root) rather than leave the node
 //! NotReady until someone does it by hand. The mount is made in the runtime's mount
 //! namespace, the node's, so it outlives this process.
-use std::{fs::File, io, path::Path};
+use std::{fs::File, io, os::unix::fs::MetadataExt as _, path::Path};
 
 use nix::{
     fcntl::{Flock, FlockArg},
@@ -17,9 +17,7 @@ pub fn ensure_mounted(root: &Path) -> io::Result<Option<&Path>> {
         return Ok(None);
     }
     let at = mount_point(root);
-    if !at.is_dir() {
-        return Err(io::Error::new(io::ErrorKind::NotFound, format!("{} is not a directory", at.display())));
-    }
+    refuse_to_hide_anything(at)?;
     // Two first ADDs on a fresh node must not stack two bpffs instances (the later would hide
     // the pins made on the earlier): the directory is locked while checked and mounted. A
     // process that opens it after the mount gets the new bpffs root, sees bpffs and skips.
@@ -33,6 +31,27 @@ pub fn ensure_mounted(root: &Path) -> io::Result<Option<&Path>> {
         io::Error::new(io::Error::from(errno).kind(), format!("mount -t bpf bpf {}: {errno}", at.display()))
     })?;
     Ok(Some(at))
+}
+
+/// Only an empty directory that is not a mount point already gets bpffs (as `/sys/fs/bpf` on a
+/// fresh node): a root such as `/sys/fs/bpf` itself or `/run/x` must never hide `/sys/fs` or
+/// `/run` under a new mount; those get the error instead.
+fn refuse_to_hide_anything(at: &Path) -> io::Result<()> {
+    let refuse = |why: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {why}", at.display())));
+    let meta = match std::fs::metadata(at) {
+        Ok(meta) if meta.is_dir() => meta,
+        Ok(_) => return refuse("not a directory"),
+        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", at.display()))),
+    };
+    if std::fs::read_dir(at)?.next().is_some() {
+        return refuse("not empty, and a mount would hide what it holds");
+    }
+    let parent = at.parent().unwrap_or(at);
+    let on_its_own = std::fs::metadata(parent).is_ok_and(|p| p.dev() != meta.dev()) || parent == at;
+    if on_its_own {
+        return refuse("already a mount point of another filesystem");
+    }
+    Ok(())
 }
 
 /// Where bpffs goes for `root`: its parent, or the root itself when it has none.

@@ -133,7 +133,7 @@ impl Datapath {
     pub fn attach(&self, host_ifname: &str) -> CniResult<()> {
         let mut program = SchedClassifier::from_pin(self.pins.program(names::FROM_POD))
             .cni(ErrorCode::DATAPATH, "cannot open pinned from_pod")?;
-        attach_filter(&mut program, host_ifname, TcAttachType::Ingress)
+        attach_filter(&mut program, host_ifname, TcAttachType::Ingress).map(drop)
     }
 
     /// Removes the network's pins of this layout when no endpoint is left (every attachment
@@ -146,6 +146,15 @@ impl Datapath {
         };
         if endpoints_left {
             return Ok(false);
+        }
+        // The mark of a complete load goes first: should what follows fail or be interrupted,
+        // the next ADD loads again (and removes leftovers first) rather than trust a datapath
+        // whose uplink filters may be gone.
+        match fs::remove_file(self.pins.program(names::FROM_POD)) {
+            Err(e) if e.kind() != ErrorKind::NotFound => {
+                return Err(e).cni(ErrorCode::DATAPATH, "cannot unpin from_pod");
+            }
+            _ => {}
         }
         self.detach_uplink(node).await?;
         match fs::remove_dir_all(self.pins.version_dir()) {
@@ -161,21 +170,21 @@ impl Datapath {
 }
 
 /// Attaches a loaded program as a direct-action cls_bpf filter under the interface's clsact
-/// qdisc (added unless there is one: an uplink's may be shared with others). The filter stays
-/// when the handle is dropped, for as long as the device or until it is removed.
-pub(super) fn attach_filter(program: &mut SchedClassifier, ifname: &str, direction: TcAttachType) -> CniResult<()> {
-    if let Err(e) = tc::qdisc_add_clsact(ifname) {
-        let exists = matches!(&e, tc::TcError::NetlinkError(n) if n.raw_os_error() == Some(libc::EEXIST));
-        if !exists {
-            return Err(e).cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {ifname}"));
-        }
-    }
+/// qdisc (added unless there is one: an uplink's may be shared with others); returns whether it
+/// added the qdisc. The filter stays when the handle is dropped, for as long as the device or
+/// until it is removed.
+pub(super) fn attach_filter(program: &mut SchedClassifier, ifname: &str, direction: TcAttachType) -> CniResult<bool> {
+    let added = match tc::qdisc_add_clsact(ifname) {
+        Ok(()) => true,
+        Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => false,
+        Err(e) => return Err(e).cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {ifname}")),
+    };
     let id = program
         .attach_with_options(ifname, direction, TcAttachOptions::Netlink(NlOptions::default()))
         .cni(ErrorCode::DATAPATH, format!("cannot attach a filter to {ifname} ({direction:?})"))?;
     let link = program.take_link(id).cni(ErrorCode::INTERNAL, "attached filter vanished")?;
     std::mem::forget(link);
-    Ok(())
+    Ok(added)
 }
 
 pub(super) fn internal(msg: impl Into<String>) -> CniError {

@@ -18,25 +18,28 @@ const KERNEL_BTF_DIR: &str = "/sys/kernel/btf";
 /// namespace.
 pub struct Hidden {
     original: File,
+    /// The working directory, which entering a mount namespace resets to its root.
+    cwd: Option<File>,
 }
 
 impl Hidden {
-    /// Hides the kernel's BTF from this process when `object` has no CO-RE relocation, or
-    /// returns `None` (and the loader parses the BTF, slower but correct). Needs a
-    /// single-threaded process, as the plugin is: the kernel refuses to unshare the mount
-    /// namespace of one thread of several.
+    /// Hides the kernel's BTF from this thread when `object` has no CO-RE relocation, or
+    /// returns `None` (and the loader parses the BTF, slower but correct). The namespace
+    /// belongs to the calling thread: the guard must be dropped on the thread that made it
+    /// and never held across an `.await` (the plugin's runtime has one thread anyway).
     pub fn unless_needed(object: &[u8]) -> Option<Self> {
         let needed = aya_obj::Object::parse(object).map_or(true, |obj| obj.has_btf_relocations());
         if needed || !Path::new(KERNEL_BTF_DIR).exists() {
             return None;
         }
-        let original = File::open("/proc/self/ns/mnt").ok()?;
+        let original = File::open("/proc/thread-self/ns/mnt").ok()?;
+        let cwd = File::open(".").ok();
         if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
             log::debug!("parsing kernel BTF after all: cannot unshare the mount namespace: {e}");
             return None;
         }
         // From here on, dropping `hidden` goes back to the node's namespace.
-        let hidden = Self { original };
+        let hidden = Self { original, cwd };
         let private = mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>);
         let covered = private
             .and_then(|()| mount(Some("none"), KERNEL_BTF_DIR, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=4k")));
@@ -54,6 +57,9 @@ impl Drop for Hidden {
         // files as the node's: harmless for the rest of this short-lived process.
         if let Err(e) = setns(&self.original, CloneFlags::CLONE_NEWNS) {
             log::warn!("cannot return to the node's mount namespace: {e}");
+        }
+        if let Some(cwd) = &self.cwd {
+            let _ = nix::unistd::fchdir(cwd);
         }
     }
 }

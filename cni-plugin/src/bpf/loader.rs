@@ -70,7 +70,9 @@ impl Datapath {
         }
         if let Some(uplink) = &settings.uplink {
             for (name, direction) in uplink::PROGRAMS {
-                uplink::attach(classifier(&mut ebpf, name)?, uplink, direction)?;
+                if uplink::attach(classifier(&mut ebpf, name)?, uplink, direction)? {
+                    self.mark_clsact_ours()?;
+                }
             }
             crate::fault::point("add:after-uplink");
         }

@@ -33,3 +33,11 @@ impl Pins {
         self.version_dir.join("maps").join(name)
     }
 }
+
+impl Pins {
+    /// An empty directory, present when this network added the uplink's clsact qdisc: only
+    /// then does the network remove the qdisc again (bpffs holds no plain files).
+    pub fn clsact_mark(&self) -> PathBuf {
+        self.version_dir.join("uplink-clsact")
+    }
+}

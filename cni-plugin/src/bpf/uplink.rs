@@ -44,7 +44,7 @@ impl Datapath {
             let filters = node
                 .bpf_filters(config.uplink_ifindex, ingress)
                 .await
-                .cni(ErrorCode::IO, format!("cannot list {uplink}'s filters"))?;
+                .cni(ErrorCode::DATAPATH, format!("cannot list {uplink}'s filters"))?;
             for filter in filters.iter().filter(|f| f.program_id == ours) {
                 let link =
                     SchedClassifierLink::attached(&uplink, direction, filter.priority, filter.handle.into(), None)
@@ -53,14 +53,26 @@ impl Datapath {
                 removed += 1;
             }
         }
-        if removed > 0 {
-            // The clsact qdisc was most likely added for these filters: it goes with the last of
-            // them, unless anyone else's filter still sits under it.
+        // A clsact this network added goes with its filters, unless someone else's filter has
+        // come under it since. (Between that look and the delete, a filter added by another
+        // process would go too: nothing on the node but ebpf-cni touches its uplink's clsact
+        // in that window, the flock of the bpffs root covers this network's ADDs.)
+        if self.pins.clsact_mark().exists() {
             node.delete_clsact_if_unused(config.uplink_ifindex)
                 .await
-                .cni(ErrorCode::IO, format!("cannot remove {uplink}'s clsact qdisc"))?;
+                .cni(ErrorCode::DATAPATH, format!("cannot remove {uplink}'s clsact qdisc"))?;
         }
         Ok(removed)
+    }
+
+    /// Records that this network added the uplink's clsact qdisc (see `Pins::clsact_mark`).
+    pub(super) fn mark_clsact_ours(&self) -> CniResult<()> {
+        match std::fs::create_dir(self.pins.clsact_mark()) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                Err(e).cni(ErrorCode::DATAPATH, "cannot record the uplink's clsact as ours")
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The settings the network's programs were loaded with, if it has pins.

@@ -288,6 +288,8 @@ impl Netlink {
         let mut request = self.handle.qdisc().del(index as i32);
         request.message_mut().header.parent = TcHandle::CLSACT;
         request.message_mut().header.handle = TcHandle { major: 0xffff, minor: 0 };
+        // Named, so that the kernel refuses rather than delete a qdisc of another kind.
+        request.message_mut().attributes.push(TcAttribute::Kind("clsact".into()));
         match request.execute().await {
             Ok(()) => Ok(true),
             Err(e) if is_not_found(&e) || is_invalid(&e) => Ok(false),
