@@ -1,6 +1,6 @@
 //! First ADD of a network: load the object with the network's settings, pin maps and programs,
-//! and attach the uplink programs when the network masquerades (`uplink.rs`). Later ADDs find the pins and
-//! only check that they were loaded with the same settings.
+//! and attach the uplink programs when the network masquerades (`uplink.rs`). Later ADDs find
+//! the pins and only check that they were loaded with the same settings.
 use std::{fs, os::unix::fs::DirBuilderExt as _};
 
 use aya::{Ebpf, EbpfLoader, maps::Array, programs::SchedClassifier};

@@ -54,9 +54,8 @@ impl Datapath {
             }
         }
         // A clsact this network added goes with its filters, unless someone else's filter has
-        // come under it since. (Between that look and the delete, a filter added by another
-        // process would go too: nothing on the node but ebpf-cni touches its uplink's clsact
-        // in that window, the flock of the bpffs root covers this network's ADDs.)
+        // come under it since. A filter another process adds between that look and the delete
+        // (one netlink round trip) would go with it; this network's own ADDs wait on the flock.
         if self.pins.clsact_mark().exists() {
             node.delete_clsact_if_unused(config.uplink_ifindex)
                 .await
