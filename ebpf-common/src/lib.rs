@@ -8,11 +8,13 @@
 mod config;
 mod drop_reason;
 mod endpoint;
+mod forward_path;
 mod nat;
 
 pub use config::DatapathConfig;
 pub use drop_reason::DropReason;
 pub use endpoint::{Counter, Endpoint, FAMILY_IPV4, FAMILY_IPV6, IpKey, ipv4_in_16};
+pub use forward_path::ForwardPath;
 pub use nat::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
@@ -29,6 +31,7 @@ pub mod names {
     pub const FROM_UPLINK: &str = "from_uplink";
     pub const ENDPOINTS: &str = "ENDPOINTS";
     pub const METRICS: &str = "METRICS";
+    pub const FORWARDED: &str = "FORWARDED";
     pub const NAT: &str = "NAT";
     pub const SETTINGS: &str = "SETTINGS";
     /// The global holding [`crate::DatapathConfig`].

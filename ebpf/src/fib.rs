@@ -7,9 +7,10 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
+use ebpf_common::ForwardPath;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::packet;
+use crate::{maps, packet};
 
 const AF_INET: u8 = 2;
 
@@ -18,7 +19,7 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
     // An expiring packet is the kernel's to answer (ICMP time exceeded).
     if ip.ttl <= 1 {
-        return crate::packet::PASS;
+        return to_stack(ctx);
     }
     // SAFETY: an all-zero `bpf_fib_lookup` is a valid input.
     let mut params: FibParams = unsafe { core::mem::zeroed() };
@@ -33,14 +34,15 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     // SAFETY: `params` is a valid, writable lookup structure of `size` bytes.
     let found = unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), &mut params, size, 0) } as u32;
     if found != BPF_FIB_LKUP_RET_SUCCESS && found != BPF_FIB_LKUP_RET_NO_NEIGH {
-        return crate::packet::PASS;
+        return to_stack(ctx);
     }
     decrement_ttl(ip);
     if found == BPF_FIB_LKUP_RET_SUCCESS {
         eth.dst_addr = params.dmac;
         eth.src_addr = params.smac;
         // SAFETY: plain helper call.
-        return unsafe { bpf_redirect(params.ifindex, 0) } as i32;
+        let verdict = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
+        return maps::forwarded(ctx, ForwardPath::ToOtherNode, verdict);
     }
     // No neighbour entry yet: let the kernel resolve the next hop the FIB chose and send.
     let mut next_hop = bpf_redir_neigh {
@@ -52,7 +54,13 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     };
     let size = core::mem::size_of::<bpf_redir_neigh>() as i32;
     // SAFETY: `next_hop` is a valid structure of `size` bytes.
-    unsafe { bpf_redirect_neigh(params.ifindex, &mut next_hop, size, 0) as i32 }
+    let verdict = unsafe { bpf_redirect_neigh(params.ifindex, &mut next_hop, size, 0) as i32 };
+    maps::forwarded(ctx, ForwardPath::ToOtherNode, verdict)
+}
+
+#[inline(always)]
+fn to_stack(ctx: &TcContext) -> i32 {
+    maps::forwarded(ctx, ForwardPath::ToStack, crate::packet::PASS)
 }
 
 /// TTL − 1 with the header checksum fixed incrementally (RFC 1624), as a router does.

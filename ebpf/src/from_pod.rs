@@ -12,7 +12,7 @@
 //!    service addresses that kube-proxy translates, and the outside, which is masqueraded on
 //!    the way out of the uplink (`snat.rs`), after the node's own NAT rules had their say.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, IpKey};
+use ebpf_common::{DropReason, ForwardPath, IpKey};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -55,10 +55,10 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
         _ => return maps::drop(ctx, DropReason::SpoofedSource),
     }
     if let Some(peer) = maps::endpoint(&IpKey::v4(dst)) {
-        return deliver::into_pod(ctx, &peer);
+        return deliver::into_pod(ctx, &peer, ForwardPath::PodToPod);
     }
     if config::get().in_cluster(dst) {
         return fib::forward(ctx, eth, ip);
     }
-    crate::packet::PASS
+    maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS)
 }

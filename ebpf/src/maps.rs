@@ -6,7 +6,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use ebpf_common::{
-    Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, IpKey, NAT_MAX_ENTRIES, NatEntry, NatKey,
+    Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, ForwardPath, IpKey, NAT_MAX_ENTRIES,
+    NatEntry, NatKey,
 };
 
 /// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
@@ -26,6 +27,10 @@ pub static SETTINGS: Array<DatapathConfig, 1> = Array::new();
 /// Drop counters indexed by `DropReason`, per CPU so that counting never contends.
 #[btf_map]
 pub static METRICS: PerCpuArray<Counter, { DropReason::SLOTS as usize }> = PerCpuArray::new();
+
+/// Packets let through, by the path they took (`ForwardPath`), per CPU.
+#[btf_map]
+pub static FORWARDED: PerCpuArray<Counter, { ForwardPath::SLOTS as usize }> = PerCpuArray::new();
 
 #[inline(always)]
 pub fn endpoint(key: &IpKey) -> Option<Endpoint> {
@@ -47,4 +52,17 @@ pub fn drop(ctx: &TcContext, reason: DropReason) -> i32 {
         }
     }
     aya_ebpf::bindings::TC_ACT_SHOT as i32
+}
+
+/// Counts a packet on `path` and returns `verdict`, so a forward reads as one expression.
+#[inline(always)]
+pub fn forwarded(ctx: &TcContext, path: ForwardPath, verdict: i32) -> i32 {
+    if let Some(counter) = FORWARDED.get_ptr_mut(path as u32) {
+        // SAFETY: a per-CPU slot, only touched by this CPU while the program runs.
+        unsafe {
+            (*counter).packets += 1;
+            (*counter).bytes += u64::from(ctx.len());
+        }
+    }
+    verdict
 }

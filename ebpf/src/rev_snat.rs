@@ -2,7 +2,7 @@
 //! flow gets the pod's address and port back and goes straight into the pod, skipping the node's
 //! stack. Everything else continues into the node unchanged.
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
-use ebpf_common::IpKey;
+use ebpf_common::{ForwardPath, IpKey};
 
 use crate::{
     config, deliver,
@@ -36,5 +36,5 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     }
     // A pod deleted meanwhile: the node's stack answers (its route to the pod is gone too).
     let Some(pod) = maps::endpoint(&IpKey::v4(pod_addr)) else { return crate::packet::PASS };
-    deliver::into_pod(ctx, &pod)
+    deliver::into_pod(ctx, &pod, ForwardPath::ReplyToPod)
 }

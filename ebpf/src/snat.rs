@@ -13,8 +13,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use ebpf_common::{
-    DatapathConfig, DropReason, Endpoint, IpKey, NAT_EGRESS, NAT_PORT_TRIES, NAT_REPLY, NAT_TIMEOUT_ICMP_NS,
-    NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, ipv4_in_16,
+    DatapathConfig, DropReason, Endpoint, ForwardPath, IpKey, NAT_EGRESS, NAT_PORT_TRIES, NAT_REPLY,
+    NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, ipv4_in_16,
 };
 
 use crate::{
@@ -37,7 +37,7 @@ pub fn egress(ctx: &TcContext) -> i32 {
     }
     let Some(pod) = maps::endpoint(&IpKey::v4(src)) else { return crate::packet::PASS };
     match Flow::parse(ctx).and_then(|flow| masquerade(ctx, &config, &flow, &pod)) {
-        Ok(()) => crate::packet::PASS,
+        Ok(()) => maps::forwarded(ctx, ForwardPath::Masqueraded, crate::packet::PASS),
         Err(reason) => maps::drop(ctx, reason),
     }
 }

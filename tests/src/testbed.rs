@@ -344,12 +344,22 @@ impl Testbed {
 
     /// Packets counted for a drop reason (summed over CPUs) from the pinned METRICS map.
     pub fn drops(&self, reason: ebpf_common::DropReason) -> Result<u64> {
-        let dump = self.map_dump("METRICS")?;
-        let entries = dump.as_array().context("METRICS dump is not a list")?;
+        self.per_cpu_packets("METRICS", reason as u64)
+    }
+
+    /// Packets the programs let through on `path` (summed over CPUs), from FORWARDED.
+    pub fn forwarded(&self, path: ebpf_common::ForwardPath) -> Result<u64> {
+        self.per_cpu_packets("FORWARDED", path as u64)
+    }
+
+    /// `packets` of slot `index` of a pinned per-CPU array of counters, summed over CPUs.
+    fn per_cpu_packets(&self, map: &str, index: u64) -> Result<u64> {
+        let dump = self.map_dump(map)?;
+        let entries = dump.as_array().with_context(|| format!("{map} dump is not a list"))?;
         let mut total = 0;
         for entry in entries {
             let entry = entry.get("formatted").unwrap_or(entry);
-            if entry["key"].as_u64() != Some(reason as u64) {
+            if entry["key"].as_u64() != Some(index) {
                 continue;
             }
             for cpu in entry["values"].as_array().context("per-CPU values")? {

@@ -1,7 +1,7 @@
 //! Three pods on one node: every pod reaches every other and the node reaches every pod; a
 //! spoofed source is dropped and counted; later ADDs reuse the pinned program.
 use ebpf_cni_tests::{NODE_IP, TEST_MTU, Testbed, run_in};
-use ebpf_common::DropReason;
+use ebpf_common::{DropReason, ForwardPath};
 
 #[test]
 fn three_pods_reach_each_other_and_the_node() {
@@ -24,10 +24,16 @@ fn three_pods_reach_each_other_and_the_node() {
     for (from, pod) in tb.pods.iter().enumerate() {
         for (to, ip) in ips.iter().enumerate() {
             if from != to {
+                let before = tb.forwarded(ForwardPath::PodToPod).unwrap();
                 assert!(tb.ping(&pod.netns.name, ip), "pod {from} cannot reach pod {to} ({ip})");
+                // The request and the reply, each straight into the other pod (IPv6 router
+                // solicitations of the pods are drops, not forwards).
+                assert_eq!(tb.forwarded(ForwardPath::PodToPod).unwrap() - before, 2, "pod {from} → pod {to}");
             }
         }
+        let before = tb.forwarded(ForwardPath::ToStack).unwrap();
         assert!(tb.ping(&pod.netns.name, NODE_IP), "pod {from} cannot reach the node");
+        assert!(tb.forwarded(ForwardPath::ToStack).unwrap() > before, "pod {from} → node: through the stack");
         assert!(tb.ping(&tb.node.name, &ips[from]), "node cannot reach pod {from}");
     }
 }

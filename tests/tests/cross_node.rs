@@ -6,6 +6,7 @@ use ebpf_cni_tests::{
     Cluster, UNDERLAY_IPS,
     traffic::{self, ask_tcp, serve_tcp},
 };
+use ebpf_common::ForwardPath;
 
 #[test]
 fn pods_and_nodes_reach_across_nodes_without_nat() {
@@ -27,8 +28,10 @@ fn pods_and_nodes_reach_across_nodes_without_nat() {
         // The request leaves through the FIB redirect, not the sending node's forwarding path;
         // the reply arrives from the underlay and is forwarded by the kernel, as documented.
         let forwarded = c.nodes[from].kernel_forwarded().unwrap();
+        let by_fib = c.nodes[from].forwarded(ForwardPath::ToOtherNode).unwrap();
         assert!(c.nodes[0].ping(&pod_ns[from], &ips[to]), "pod on node {} → pod on node {}", from + 1, to + 1);
         assert_eq!(c.nodes[from].kernel_forwarded().unwrap() - forwarded, 1, "the request took the kernel's path");
+        assert_eq!(c.nodes[from].forwarded(ForwardPath::ToOtherNode).unwrap() - by_fib, 1, "counted as to-other-node");
         let node_ns = &c.nodes[from].node.name;
         assert!(c.nodes[0].ping(node_ns, &ips[to]), "node {} → pod on node {}", from + 1, to + 1);
         assert!(c.nodes[0].ping(&pod_ns[to], UNDERLAY_IPS[from]), "pod on node {} → node {}", to + 1, from + 1);

@@ -7,7 +7,7 @@ use ebpf_cni_tests::{
     runtime::Runtime,
     traffic::{self, ask_tcp, next_echo_request_source, recv_udp, serve_tcp},
 };
-use ebpf_common::DropReason;
+use ebpf_common::{DropReason, ForwardPath};
 use serde_json::{Value, json};
 
 const CLUSTER: &str = "10.248.0.0/16";
@@ -59,6 +59,10 @@ fn tcp_udp_and_ping_leave_with_the_node_address() {
     let icmp = traffic::icmp_listener(&c.ext.name).unwrap();
     assert!(node.ping(&pod_ns, EXT_SERVER), "ping through masquerade");
     assert_eq!(next_echo_request_source(&icmp).unwrap(), node_ip(), "ICMP: the server saw another source");
+
+    // Each request left masqueraded and each reply went straight back into the pod: counted.
+    assert!(node.forwarded(ForwardPath::Masqueraded).unwrap() >= 3, "masqueraded packets");
+    assert!(node.forwarded(ForwardPath::ReplyToPod).unwrap() >= 3, "replies into the pod");
 
     // The flows, both directions each, with field names.
     let nat = entries(&node.map_dump("NAT").unwrap());
