@@ -335,6 +335,8 @@ fn the_agent_serves_its_own_series_and_the_datapath() {
 
     let (status, _, _) = http_get(&netns, at, "/").unwrap();
     assert_eq!(status, "HTTP/1.1 404 Not Found");
+    let (_, _, body) = http_get(&netns, at, "/metrics").unwrap();
+    eprintln!("the agent's /metrics:\n{body}");
 
     // A directory in the root that holds no pins (named to need escaping): up 0, the rest stays.
     let odd = "odd\"na\\me\nx";
