@@ -23,6 +23,9 @@ enum Sub {
     Inspect(crate::inspect::Inspect),
     /// Install this binary into <root>/opt/cni/bin and write <root>/etc/cni/net.d/10-ebpf-cni.conflist.
     Install(crate::install::Install),
+    /// Print every network's datapath figures (drops, endpoints, NAT) once, in the Prometheus
+    /// text format; `agent --metrics-addr` serves the same.
+    Metrics(crate::metrics::Metrics),
     /// Keep routes to the other nodes' pod CIDRs (host-gw) in step with the cluster's nodes (watched);
     /// routes it did not make are never changed.
     Agent(crate::agent::Agent),
@@ -35,6 +38,7 @@ pub fn run() -> ExitCode {
             report(write_stdout(&versions).map(drop).map_err(Into::into))
         }
         Some(Sub::Inspect(args)) => report(crate::inspect::run(args)),
+        Some(Sub::Metrics(args)) => report(crate::metrics::run(args)),
         Some(Sub::Install(args)) => report(crate::install::run(args)),
         Some(Sub::Agent(args)) => {
             crate::logging::init();

@@ -12,6 +12,7 @@ mod install;
 mod ipam;
 mod kube;
 mod logging;
+mod metrics;
 mod net;
 
 use std::process::ExitCode;

@@ -8,6 +8,7 @@ mod fake_api;
 mod guard;
 mod plugin;
 mod privileges;
+pub mod prometheus;
 pub mod runtime;
 mod testbed;
 pub mod traffic;

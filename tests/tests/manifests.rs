@@ -47,7 +47,7 @@ fn daemonset_runs_everywhere_with_what_it_needs() {
     assert_eq!(install["env"], node_name);
     let agent = &pod["containers"][0];
     assert_eq!(strings(&agent["command"])[..2], ["/ebpf-cni", "agent"]);
-    assert_eq!(agent["env"], node_name);
+    assert_eq!(agent["env"][0], node_name[0]);
     assert_eq!(agent["securityContext"]["privileged"], true);
     // The agent's bpffs mount (on a node that had none) must become the host's.
     let bpffs = agent["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "bpffs").unwrap();
@@ -70,6 +70,30 @@ fn daemonset_runs_everywhere_with_what_it_needs() {
     for dir in ["/opt/cni/bin", "/etc/cni/net.d"] {
         assert!(mounts.contains(&(format!("/host{dir}"), dir.to_string())), "{dir} mounted at /host{dir}: {mounts:?}");
     }
+}
+
+/// The agent serves metrics where the scrape annotations say: the node's address (the pod's,
+/// with hostNetwork), the annotated port, /metrics.
+#[test]
+fn metrics_are_served_where_the_annotations_point() {
+    let docs = documents();
+    let template = &kind(&docs, "DaemonSet")["spec"]["template"];
+    let annotations = &template["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true", "a string: annotations are strings");
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+    let port = annotations["prometheus.io/port"].as_str().unwrap();
+    let agent = &template["spec"]["containers"][0];
+    let command = strings(&agent["command"]);
+    let at = command.iter().position(|a| *a == "--metrics-addr").expect("the agent serves metrics");
+    let addr = command[at + 1];
+    assert_eq!(addr, format!("$(HOST_IP):{port}"));
+    let host_ip = json!({ "name": "HOST_IP", "valueFrom": { "fieldRef": { "fieldPath": "status.hostIP" } } });
+    assert!(agent["env"].as_array().unwrap().contains(&host_ip), "{}", agent["env"]);
+    // As the kubelet expands it on a node, the agent's flag parses it.
+    let expanded = addr.replace("$(HOST_IP)", "192.0.2.7");
+    assert!(expanded.parse::<std::net::SocketAddr>().is_ok(), "{expanded}");
+    let declared = &agent["ports"][0];
+    assert_eq!((declared["name"].as_str(), declared["containerPort"].to_string()), (Some("metrics"), port.to_string()));
 }
 
 #[test]

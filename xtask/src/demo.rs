@@ -96,6 +96,7 @@ pub fn run(binary: PathBuf, hold: bool) -> Result<()> {
         let out = ebpf_cni_tests::run(binary.to_str().context("path")?, &args)?;
         print!("{}", String::from_utf8_lossy(&out.stdout));
     }
+    print_metrics(&binary, node1)?;
     for map in ["SETTINGS", "NAT", "ENDPOINTS", "METRICS"] {
         let pin = node1.map_pin(map);
         println!("\n== bpftool map dump pinned {}", pin.display());
@@ -164,6 +165,24 @@ fn check_status_gc(node: &Testbed, results: &[Value]) -> Result<()> {
     Ok(())
 }
 
+/// A few lines of node 1's `ebpf-cni metrics` page: the drops that happened, endpoints, NAT.
+fn print_metrics(binary: &std::path::Path, node: &Testbed) -> Result<()> {
+    let root = node.bpffs_root().display().to_string();
+    let args = ["metrics", "--network", &node.network, "--bpffs-root", &root];
+    println!("\n== ebpf-cni {} (its non-zero drops, endpoints and NAT entries)", args.join(" "));
+    let out = ebpf_cni_tests::run(binary.to_str().context("path")?, &args)?;
+    let page = String::from_utf8_lossy(&out.stdout);
+    let shown = page.lines().filter(|l| {
+        let drop = (l.starts_with("ebpf_cni_drops_total") || l.starts_with("ebpf_cni_dropped_bytes_total"))
+            && !l.ends_with(" 0");
+        drop || l.starts_with("ebpf_cni_endpoints{") || l.starts_with("ebpf_cni_nat_entries{")
+    });
+    for line in shown {
+        println!("{line}");
+    }
+    Ok(())
+}
+
 /// Where `inspect` finds node 1's datapath: its bpffs root and network namespace.
 fn inspect_args(node: &Testbed) -> Vec<String> {
     vec![
@@ -182,6 +201,7 @@ fn hold_for_user(binary: &std::path::Path, node: &Testbed, inspect_args: &[Strin
     for view in ["endpoints", "nat", "counters", "programs", "logs --follow"] {
         println!("  {} inspect {view} {}", binary.display(), inspect_args.join(" "));
     }
+    println!("  {} metrics --network {} --bpffs-root {}", binary.display(), node.network, node.bpffs_root().display());
     for map in ["ENDPOINTS", "NAT", "METRICS", "SETTINGS"] {
         println!("  bpftool map dump pinned {}", node.map_pin(map).display());
     }

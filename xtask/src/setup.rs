@@ -1,6 +1,7 @@
 //! Installs what building and testing need, idempotently: system packages from apt, the nightly
-//! toolchain's rust-src, and bpf-linker built against the same LLVM major as nightly's rustc
-//! (bpf-linker reads rustc's bitcode, so the two LLVMs must agree).
+//! toolchain's rust-src, bpf-linker built against the same LLVM major as nightly's rustc
+//! (bpf-linker reads rustc's bitcode, so the two LLVMs must agree), and the Prometheus
+//! text-format parser the metrics tests read pages with (Python's `prometheus_client`, pip).
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -33,6 +34,9 @@ pub fn run() -> Result<()> {
     apt_install(&wanted)?;
     rust_src()?;
     bpf_linker(llvm)?;
+    // The same check-then-install the tests make, done once here for a fresh machine.
+    ebpf_cni_tests::prometheus::ensure_parser()
+        .with_context(|| format!("installing {}", ebpf_cni_tests::prometheus::PROMETHEUS_CLIENT))?;
     Ok(())
 }
 

@@ -3,10 +3,11 @@
 //! Node objects, watched on the API server. Routes stay when the agent stops, so pods keep
 //! working through an agent restart or upgrade.
 mod plan;
+mod stats;
 mod sync;
 mod watch;
 
-use std::{collections::BTreeSet, path::PathBuf, thread::sleep, time::Duration};
+use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, thread::sleep, time::Duration};
 
 use anyhow::Result;
 use clap::Args;
@@ -35,6 +36,11 @@ pub struct Agent {
     /// the agent).
     #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
     bpffs_root: PathBuf,
+    /// Serve metrics in the Prometheus text format on http://HOST:PORT/metrics: the agent's syncs
+    /// and every network's datapath figures under --bpffs-root, read at each scrape. Off unless
+    /// given.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "once")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 pub fn run(args: Agent) -> Result<()> {
@@ -45,7 +51,18 @@ pub fn run(args: Agent) -> Result<()> {
         // Routes matter all the same; the plugin tries again at the first ADD.
         Err(e) => log::error!("bpffs is not mounted for {} and cannot be: {e}", args.bpffs_root.display()),
     }
-    let syncer = sync::Syncer::new(&args.node)?;
+    let stats = Arc::new(stats::Stats::default());
+    if let Some(addr) = args.metrics_addr {
+        let (root, stats) = (args.bpffs_root.clone(), Arc::clone(&stats));
+        let at = crate::metrics::serve(addr, move || {
+            let mut page = crate::metrics::Exposition::default();
+            stats.write(&mut page);
+            crate::metrics::write_networks(&mut page, &root);
+            page.render()
+        })?;
+        log::info!("serving metrics on http://{at}/metrics");
+    }
+    let syncer = sync::Syncer::new(&args.node, stats)?;
     let interval = Duration::from_secs(args.interval);
     if args.once {
         let list = args.source.list()?;

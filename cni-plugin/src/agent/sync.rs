@@ -1,10 +1,13 @@
 //! One sync: the routes present are read, compared with the nodes' (see `plan`) and changed.
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, sync::Arc};
 
 use anyhow::{Result, anyhow};
 use ipnetwork::Ipv4Network;
 
-use super::plan::{Plan, Prune, doubt, plan, wanted_routes};
+use super::{
+    plan::{Plan, Prune, doubt, plan, wanted_routes},
+    stats::Stats,
+};
 use crate::{kube::Node, net::netlink::Netlink};
 
 /// What one sync changed.
@@ -20,12 +23,14 @@ pub struct Changes {
 pub struct Syncer {
     runtime: tokio::runtime::Runtime,
     own: String,
+    /// Every sync's outcome, for the metrics.
+    stats: Arc<Stats>,
 }
 
 impl Syncer {
-    pub fn new(own: &str) -> Result<Self> {
+    pub fn new(own: &str, stats: Arc<Stats>) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
-        Ok(Self { runtime, own: own.to_string() })
+        Ok(Self { runtime, own: own.to_string(), stats })
     }
 
     /// Brings the routes in line with `nodes`. A node absent from them is gone, and its route
@@ -39,15 +44,21 @@ impl Syncer {
         let why = stale.or(suspect.as_deref());
         let prune = if why.is_some() { Prune::Only(deleted) } else { Prune::All };
         let wanted = wanted_routes(nodes, &self.own);
-        let changes = self.runtime.block_on(async {
+        let outcome = self.runtime.block_on(async {
             let netlink = Netlink::connect()?;
-            let plan = plan(&wanted, &netlink.main_routes().await?, prune);
+            let present = netlink.main_routes().await?;
+            let plan = plan(&wanted, &present, prune);
             if !plan.kept.is_empty() {
                 let kept: Vec<String> = plan.kept.iter().map(ToString::to_string).collect();
                 log::info!("{}: kept the routes to {}", why.unwrap_or_default(), kept.join(", "));
             }
-            anyhow::Ok(apply(&netlink, plan).await)
-        })?;
+            let changes = apply(&netlink, plan).await;
+            // Changes replace a route's gateway in place; only adds and removals change the count.
+            let ours = present.ours.len() + changes.added - changes.removed;
+            anyhow::Ok((changes, ours))
+        });
+        let (changes, ours) = outcome.inspect_err(|_| self.stats.failed())?;
+        self.stats.synced(ours, changes.failures.is_empty());
         if changes.failures.is_empty() {
             deleted.clear();
         }

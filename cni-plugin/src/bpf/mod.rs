@@ -6,6 +6,7 @@ mod kernel_btf;
 mod loader;
 mod nat;
 mod pins;
+pub mod read;
 mod settings;
 mod uplink;
 

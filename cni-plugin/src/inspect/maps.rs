@@ -1,20 +1,17 @@
-//! Rows of the map views: ENDPOINTS, METRICS and SETTINGS, opened from their pins (NAT, which
-//! names its pods from ENDPOINTS, is in `nat.rs`).
+//! Rows of the map views: ENDPOINTS, METRICS and SETTINGS, read from their pins with
+//! `bpf::read` (NAT, which names its pods from ENDPOINTS, is in `nat.rs`).
 use std::net::Ipv4Addr;
 
 use anyhow::{Context as _, Result};
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
-use ebpf_common::{Counter, DatapathConfig, DropReason, Endpoint, IpKey, names};
+use aya::maps::Array;
+use ebpf_common::{DatapathConfig, names};
 use serde::Serialize;
 
 use super::{programs::Interfaces, table::Row};
-use crate::{bpf::Pins, net::netlink::format_mac};
-
-pub(super) fn open(pins: &Pins, name: &str) -> Result<Map> {
-    let path = pins.map(name);
-    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
-    Map::from_map_data(data).with_context(|| format!("{name} is not a map this build knows"))
-}
+use crate::{
+    bpf::{Pins, read},
+    net::netlink::format_mac,
+};
 
 /// The IPv4 address in a 16-byte address field.
 pub(super) fn ipv4(addr: [u8; 16]) -> Ipv4Addr {
@@ -58,14 +55,8 @@ pub(super) fn short_id(id: &str) -> &str {
     if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) { &id[..12] } else { id }
 }
 
-/// Every pod address and its endpoint, as ENDPOINTS holds them.
-pub(super) fn endpoint_entries(pins: &Pins) -> Result<Vec<(IpKey, Endpoint)>> {
-    let map: HashMap<_, IpKey, Endpoint> = HashMap::try_from(open(pins, names::ENDPOINTS)?)?;
-    Ok(map.iter().filter_map(Result::ok).collect())
-}
-
 pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
-    let mut rows: Vec<EndpointRow> = endpoint_entries(pins)?
+    let mut rows: Vec<EndpointRow> = read::endpoint_entries(pins)?
         .into_iter()
         .map(|(key, ep)| (key, ep, names.attachment(ep.host_ifindex).unzip()))
         .map(|(key, ep, (container_id, ifname))| EndpointRow {
@@ -99,20 +90,13 @@ impl Row for CounterRow {
 }
 
 pub fn counters(pins: &Pins) -> Result<Vec<CounterRow>> {
-    let map: PerCpuArray<_, Counter> = PerCpuArray::try_from(open(pins, names::METRICS)?)?;
-    DropReason::ALL
-        .iter()
-        .map(|&reason| {
-            let per_cpu =
-                map.get(&(reason as u32), 0).with_context(|| format!("reading METRICS[{}]", reason as u32))?;
-            Ok(CounterRow {
-                reason: reason as u32,
-                name: reason.name(),
-                packets: per_cpu.iter().map(|c| c.packets).sum(),
-                bytes: per_cpu.iter().map(|c| c.bytes).sum(),
-            })
-        })
-        .collect()
+    let rows = read::drop_counters(pins)?.into_iter().map(|(reason, sum)| CounterRow {
+        reason: reason as u32,
+        name: reason.name(),
+        packets: sum.packets,
+        bytes: sum.bytes,
+    });
+    Ok(rows.collect())
 }
 
 #[derive(Serialize)]
@@ -138,7 +122,7 @@ impl Row for SettingsRow {
 }
 
 pub fn settings(pins: &Pins, names: &Interfaces) -> Result<Vec<SettingsRow>> {
-    let map: Array<_, DatapathConfig> = Array::try_from(open(pins, names::SETTINGS)?)?;
+    let map: Array<_, DatapathConfig> = Array::try_from(read::open_map(pins, names::SETTINGS)?)?;
     let c = map.get(&0, 0).context("reading SETTINGS")?;
     Ok(vec![SettingsRow {
         cluster_cidr: format!("{}/{}", Ipv4Addr::from(c.cluster_ipv4), c.cluster_prefix),

@@ -6,15 +6,12 @@ mod nat;
 mod programs;
 mod table;
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Subcommand};
 
-use crate::{bpf::Pins, cni::config::DEFAULT_BPFFS_ROOT, net::netns::Netns};
+use crate::{bpf::read, cni::config::DEFAULT_BPFFS_ROOT, net::netns::Netns};
 pub use table::Format;
 
 #[derive(Args)]
@@ -61,18 +58,7 @@ pub fn run(args: Inspect) -> Result<()> {
         Some(name) => name,
         None => only_network(&args.bpffs_root)?,
     };
-    let pins = Pins::new(&args.bpffs_root, &network);
-    // `exists()` is false for a path the user may not read (the pins are mode 0700): say why.
-    let pinned = pins
-        .version_dir()
-        .try_exists()
-        .with_context(|| format!("reading {} (run inspect as root)", pins.version_dir().display()))?;
-    if !pinned {
-        bail!(
-            "network {network:?} has no datapath pinned under {} (no pod yet, or another bpffsRoot)",
-            args.bpffs_root.display()
-        );
-    }
+    let pins = read::pinned(&args.bpffs_root, &network)?;
     let netns = args.netns.as_deref();
     match args.view {
         View::Endpoints => table::print(&maps::endpoints(&pins, &interfaces(netns)?)?, args.output),
@@ -94,13 +80,7 @@ fn interfaces(netns: Option<&Path>) -> Result<programs::Interfaces> {
 
 /// The network to show when none is named: the only directory under the root.
 fn only_network(root: &Path) -> Result<String> {
-    let entries = fs::read_dir(root).with_context(|| match fs::metadata(root) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!("reading {} (is a pod running?)", root.display()),
-        _ => format!("reading {} (run inspect as root)", root.display()),
-    })?;
-    let mut names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-    names.sort();
-    match names.as_slice() {
+    match read::networks(root)?.as_slice() {
         [one] => Ok(one.clone()),
         [] => bail!("no network under {}: no pod has been added yet", root.display()),
         many => bail!("several networks under {}; choose one with --network: {}", root.display(), many.join(", ")),

@@ -9,11 +9,14 @@ use ebpf_common::{NAT_EGRESS, NatEntry, NatKey, names};
 use serde::Serialize;
 
 use super::{
-    maps::{endpoint_entries, ipv4, open, short_id},
+    maps::{ipv4, short_id},
     programs::Interfaces,
     table::Row,
 };
-use crate::bpf::Pins;
+use crate::bpf::{
+    Pins,
+    read::{endpoint_entries, open_map},
+};
 
 #[derive(Serialize)]
 pub struct NatRow {
@@ -60,7 +63,7 @@ impl Row for NatRow {
 
 /// The flows, sorted; `interfaces` is read only when some flow has a pod to name.
 pub fn rows(pins: &Pins, interfaces: impl FnOnce() -> Result<Interfaces>) -> Result<Vec<NatRow>> {
-    let map: HashMap<_, NatKey, NatEntry> = HashMap::try_from(open(pins, names::NAT)?)?;
+    let map: HashMap<_, NatKey, NatEntry> = HashMap::try_from(open_map(pins, names::NAT)?)?;
     let flows: Vec<(NatKey, NatEntry)> = map.iter().filter_map(Result::ok).collect();
     let mut pods: BTreeMap<u64, Vec<(Ipv4Addr, u32)>> = BTreeMap::new();
     if !flows.is_empty() {

@@ -1,0 +1,93 @@
+//! Reading a network's pins as they are, for `inspect` and `metrics`: nothing here changes,
+//! resets or consumes anything, nor takes the root's lock (a scrape never waits for an ADD).
+use std::{
+    fs,
+    io::ErrorKind,
+    path::Path,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result, bail};
+use aya::{
+    Pod,
+    maps::{HashMap, Map, MapData, PerCpuArray},
+    programs::ProgramInfo,
+};
+use ebpf_common::{Counter, DropReason, Endpoint, IpKey, names};
+
+use super::Pins;
+
+/// The networks under `root`, sorted: one directory each. An error when the root cannot be read
+/// (missing, or not root), saying which.
+pub fn networks(root: &Path) -> Result<Vec<String>> {
+    let entries = fs::read_dir(root).with_context(|| match fs::metadata(root) {
+        Err(e) if e.kind() == ErrorKind::NotFound => format!("reading {} (is a pod running?)", root.display()),
+        _ => format!("reading {} (run as root)", root.display()),
+    })?;
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The pins of `network`, once they are known to be there.
+pub fn pinned(root: &Path, network: &str) -> Result<Pins> {
+    let pins = Pins::new(root, network);
+    // `exists()` is false for a path the user may not read (the pins are mode 0700): say why.
+    let there = pins
+        .version_dir()
+        .try_exists()
+        .with_context(|| format!("reading {} (run as root)", pins.version_dir().display()))?;
+    if !there {
+        bail!("network {network:?} has no datapath pinned under {} (no pod yet, or another bpffsRoot)", root.display());
+    }
+    Ok(pins)
+}
+
+pub fn open_map(pins: &Pins, name: &str) -> Result<Map> {
+    let path = pins.map(name);
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    Map::from_map_data(data).with_context(|| format!("{name} is not a map this build knows"))
+}
+
+/// Every pod address and its endpoint, as ENDPOINTS holds them.
+pub fn endpoint_entries(pins: &Pins) -> Result<Vec<(IpKey, Endpoint)>> {
+    let map: HashMap<_, IpKey, Endpoint> = HashMap::try_from(open_map(pins, names::ENDPOINTS)?)?;
+    Ok(map.iter().filter_map(Result::ok).collect())
+}
+
+/// Entries of a hash map (`K` → `V`, checked against the map's sizes), counted by walking its
+/// keys only: no value is copied out. Entries the programs add or remove meanwhile may or may not
+/// be counted.
+pub fn count_entries<K: Pod, V: Pod>(pins: &Pins, name: &str) -> Result<usize> {
+    let map: HashMap<_, K, V> = HashMap::try_from(open_map(pins, name)?)?;
+    Ok(map.keys().filter(Result::is_ok).count())
+}
+
+/// Packets and bytes dropped per reason, summed over CPUs; every reason, in number order.
+pub fn drop_counters(pins: &Pins) -> Result<Vec<(DropReason, Counter)>> {
+    let map: PerCpuArray<_, Counter> = PerCpuArray::try_from(open_map(pins, names::METRICS)?)?;
+    DropReason::ALL
+        .iter()
+        .map(|&reason| {
+            let per_cpu =
+                map.get(&(reason as u32), 0).with_context(|| format!("reading METRICS[{}]", reason as u32))?;
+            let sum = Counter {
+                packets: per_cpu.iter().map(|c| c.packets).sum(),
+                bytes: per_cpu.iter().map(|c| c.bytes).sum(),
+            };
+            Ok((reason, sum))
+        })
+        .collect()
+}
+
+/// When the network's programs were loaded (its pinned `from_pod`), in whole Unix seconds: the
+/// kernel keeps boot-relative nanoseconds, and their wall-clock value moves by microseconds from
+/// one reading to the next.
+pub fn loaded_at(pins: &Pins) -> Result<Option<u64>> {
+    let info = ProgramInfo::from_pin(pins.program(names::FROM_POD)).context("opening pinned from_pod")?;
+    Ok(info.loaded_at().and_then(|t: SystemTime| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs()))
+}
