@@ -16,16 +16,18 @@ use ebpf_cni_tests::{
     Attached, Cluster, EXT_SERVER, Testbed, UNDERLAY_IPS, prometheus, run, run_in,
     traffic::{self, PacketSocket},
 };
-use ebpf_common::{DropReason, ENDPOINTS_MAX_ENTRIES, NAT_MAX_ENTRIES, PIN_LAYOUT_VERSION};
+use ebpf_common::{DropReason, ENDPOINTS_MAX_ENTRIES, ForwardPath, NAT_MAX_ENTRIES, PIN_LAYOUT_VERSION};
 use serde_json::json;
 
 const SUBNETS: [&str; 2] = ["10.218.1.0/24", "10.218.2.0/24"];
 
 /// Every datapath family of a readable network (a counter's family name has no `_total`).
-const DATAPATH_FAMILIES: [(&str, &str); 10] = [
+const DATAPATH_FAMILIES: [(&str, &str); 12] = [
     ("ebpf_cni_up", "gauge"),
     ("ebpf_cni_drops", "counter"),
     ("ebpf_cni_dropped_bytes", "counter"),
+    ("ebpf_cni_forwarded_packets", "counter"),
+    ("ebpf_cni_forwarded_bytes", "counter"),
     ("ebpf_cni_nat_port_claim_failures", "counter"),
     ("ebpf_cni_endpoints", "gauge"),
     ("ebpf_cni_endpoints_capacity_entries", "gauge"),
@@ -201,6 +203,17 @@ fn the_page_shows_what_the_datapath_did() {
         }
     }
     assert_eq!(value(&after, "ebpf_cni_nat_entries", &net), 2.0, "one flow: egress and reply");
+    // The datagram left masqueraded, as FORWARDED counts it.
+    let path = |p: ForwardPath| [("network", network.as_str()), ("path", p.name())];
+    let masqueraded = path(ForwardPath::Masqueraded);
+    assert_eq!(rise("ebpf_cni_forwarded_packets_total", &masqueraded), 1.0, "one masqueraded datagram");
+    assert_eq!(
+        value(&after, "ebpf_cni_forwarded_packets_total", &masqueraded),
+        node.forwarded(ForwardPath::Masqueraded).unwrap() as f64
+    );
+    for p in ForwardPath::ALL {
+        assert!(prometheus::value(&after, "ebpf_cni_forwarded_bytes_total", &path(p)).is_some(), "{p:?}");
+    }
     assert_eq!(value(&after, "ebpf_cni_endpoints", &net), 2.0);
 
     // Node 2 has a network of its own, without masquerade: its page is its own.

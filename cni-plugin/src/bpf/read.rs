@@ -13,7 +13,7 @@ use aya::{
     maps::{HashMap, Map, MapData, PerCpuArray},
     programs::ProgramInfo,
 };
-use ebpf_common::{Counter, DropReason, Endpoint, IpKey, names};
+use ebpf_common::{Counter, DropReason, Endpoint, ForwardPath, IpKey, names};
 
 use super::Pins;
 
@@ -69,17 +69,31 @@ pub fn count_entries<K: Pod, V: Pod>(pins: &Pins, name: &str) -> Result<usize> {
 
 /// Packets and bytes dropped per reason, summed over CPUs; every reason, in number order.
 pub fn drop_counters(pins: &Pins) -> Result<Vec<(DropReason, Counter)>> {
-    let map: PerCpuArray<_, Counter> = PerCpuArray::try_from(open_map(pins, names::METRICS)?)?;
-    DropReason::ALL
+    let sums = per_cpu_sums(pins, names::METRICS, DropReason::ALL.map(|r| r as u32))?;
+    Ok(DropReason::ALL.into_iter().zip(sums).collect())
+}
+
+/// Packets and bytes let through per path, summed over CPUs; every path, in number order.
+/// `None` for a network loaded by a build before `FORWARDED` existed (2026-11-23).
+pub fn forwarded_counters(pins: &Pins) -> Result<Option<Vec<(ForwardPath, Counter)>>> {
+    if !pins.map(names::FORWARDED).exists() {
+        return Ok(None);
+    }
+    let sums = per_cpu_sums(pins, names::FORWARDED, ForwardPath::ALL.map(|p| p as u32))?;
+    Ok(Some(ForwardPath::ALL.into_iter().zip(sums).collect()))
+}
+
+/// Slots of a pinned per-CPU array of counters, each summed over CPUs.
+fn per_cpu_sums<const N: usize>(pins: &Pins, name: &str, slots: [u32; N]) -> Result<Vec<Counter>> {
+    let map: PerCpuArray<_, Counter> = PerCpuArray::try_from(open_map(pins, name)?)?;
+    slots
         .iter()
-        .map(|&reason| {
-            let per_cpu =
-                map.get(&(reason as u32), 0).with_context(|| format!("reading METRICS[{}]", reason as u32))?;
-            let sum = Counter {
+        .map(|slot| {
+            let per_cpu = map.get(slot, 0).with_context(|| format!("reading {name}[{slot}]"))?;
+            Ok(Counter {
                 packets: per_cpu.iter().map(|c| c.packets).sum(),
                 bytes: per_cpu.iter().map(|c| c.bytes).sum(),
-            };
-            Ok((reason, sum))
+            })
         })
         .collect()
 }

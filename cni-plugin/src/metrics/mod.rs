@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use ebpf_common::{
-    Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, IpKey, NAT_MAX_ENTRIES, NatEntry, NatKey, PIN_LAYOUT_VERSION,
-    names,
+    Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, ForwardPath, IpKey, NAT_MAX_ENTRIES, NatEntry, NatKey,
+    PIN_LAYOUT_VERSION, names,
 };
 pub use exposition::Exposition;
 pub use serve::spawn as serve;
@@ -83,6 +83,7 @@ fn write_network(page: &mut Exposition, root: &Path, network: &str) -> Result<()
 /// series or none.
 struct Figures {
     drops: Vec<(DropReason, Counter)>,
+    forwarded: Option<Vec<(ForwardPath, Counter)>>,
     endpoints: usize,
     nat_entries: usize,
     loaded_at: Option<u64>,
@@ -92,14 +93,15 @@ impl Figures {
     fn read(pins: &Pins) -> Result<Self> {
         Ok(Self {
             drops: read::drop_counters(pins)?,
+            forwarded: read::forwarded_counters(pins)?,
             endpoints: read::count_entries::<IpKey, Endpoint>(pins, names::ENDPOINTS)?,
             nat_entries: read::count_entries::<NatKey, NatEntry>(pins, names::NAT)?,
             loaded_at: read::loaded_at(pins)?,
         })
     }
 
-    /// The network's series. A new datapath figure (per-path forwarded packets, say) is one more
-    /// field read in [`Figures::read`] and written here.
+    /// The network's series. A new datapath figure is one more field read in [`Figures::read`]
+    /// and written here.
     fn write(&self, page: &mut Exposition, network: &str) {
         let net = [("network", network)];
         for &(reason, sum) in &self.drops {
@@ -113,6 +115,23 @@ impl Figures {
             page.counter(
                 "ebpf_cni_dropped_bytes_total",
                 "Bytes of the packets the datapath dropped (whole frames), by reason, summed over CPUs.",
+                &labels,
+                sum.bytes,
+            );
+        }
+        for &(path, sum) in self.forwarded.iter().flatten() {
+            let labels = [("network", network), ("path", path.name())];
+            page.counter(
+                "ebpf_cni_forwarded_packets_total",
+                "Packets the datapath let through, by the path they took (pod-to-pod: bpf_redirect_peer; \
+                 to-other-node: FIB redirect; to-stack: handed to the node's stack; masqueraded; \
+                 reply-to-pod: a masqueraded flow's reply, straight into its pod), summed over CPUs.",
+                &labels,
+                sum.packets,
+            );
+            page.counter(
+                "ebpf_cni_forwarded_bytes_total",
+                "Bytes of the packets the datapath let through, by path, summed over CPUs.",
                 &labels,
                 sum.bytes,
             );
