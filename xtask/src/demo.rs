@@ -165,17 +165,19 @@ fn check_status_gc(node: &Testbed, results: &[Value]) -> Result<()> {
     Ok(())
 }
 
-/// A few lines of node 1's `ebpf-cni metrics` page: the drops that happened, endpoints, NAT.
+/// A few lines of node 1's `ebpf-cni metrics` page: the packets forwarded by path and the drops
+/// that happened, endpoints, NAT.
 fn print_metrics(binary: &std::path::Path, node: &Testbed) -> Result<()> {
     let root = node.bpffs_root().display().to_string();
     let args = ["metrics", "--network", &node.network, "--bpffs-root", &root];
-    println!("\n== ebpf-cni {} (its non-zero drops, endpoints and NAT entries)", args.join(" "));
+    println!("\n== ebpf-cni {} (packets by path, non-zero drops, endpoints, NAT entries)", args.join(" "));
     let out = ebpf_cni_tests::run(binary.to_str().context("path")?, &args)?;
     let page = String::from_utf8_lossy(&out.stdout);
     let shown = page.lines().filter(|l| {
         let drop = (l.starts_with("ebpf_cni_drops_total") || l.starts_with("ebpf_cni_dropped_bytes_total"))
             && !l.ends_with(" 0");
-        drop || l.starts_with("ebpf_cni_endpoints{") || l.starts_with("ebpf_cni_nat_entries{")
+        let counted = ["ebpf_cni_forwarded_packets_total", "ebpf_cni_endpoints{", "ebpf_cni_nat_entries{"];
+        drop || counted.iter().any(|prefix| l.starts_with(prefix))
     });
     for line in shown {
         println!("{line}");
