@@ -2,9 +2,11 @@
 //! host ends, pod namespaces, a private bpffs mount and data dir, all named uniquely per run and
 //! removed on drop (pass or fail). The plugin is executed exactly as a runtime does: CNI_*
 //! environment, configuration on stdin, in the node's namespace.
+pub mod agent;
 mod cluster;
 pub mod crash;
 mod fake_api;
+pub mod frames;
 mod guard;
 mod plugin;
 mod privileges;

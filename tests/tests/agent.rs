@@ -3,15 +3,14 @@
 //! reach each other across nodes through them, and routes the agent did not make are never
 //! touched; nor does a list that looks broken remove any.
 use std::{
-    fs::File,
     net::SocketAddrV4,
-    path::{Path, PathBuf},
-    process::{Child, Command},
+    path::Path,
+    process::Command,
     thread::sleep,
     time::{Duration, Instant},
 };
 
-use ebpf_cni_tests::{Cluster, FakeApi, Say, UNDERLAY_IPS, run_in};
+use ebpf_cni_tests::{Cluster, FakeApi, Say, UNDERLAY_IPS, agent::RunningAgent, run_in};
 use serde_json::{Value, json};
 
 const SUBNETS: [&str; 2] = ["10.252.1.0/24", "10.252.2.0/24"];
@@ -57,42 +56,6 @@ fn agent(c: &Cluster, n: usize, args: &[&str]) -> (bool, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// The agent running on (not `--once`) in a node's namespace, its stderr in a file; killed, by
-/// its PID, when dropped (also when the test panics).
-struct Running {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Running {
-    fn start(c: &Cluster, n: usize, args: &[&str]) -> Self {
-        let log = c.nodes[n].data_dir().with_file_name("agent.log");
-        // nsenter execs the agent in place: the PID is the agent's.
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", c.nodes[n].node.name))
-            .arg(&c.nodes[n].plugin.binary)
-            .args(["agent", "--node", &format!("node-{}", n + 1)])
-            .arg("--bpffs-root")
-            .arg(c.nodes[n].bpffs_root())
-            .args(args)
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Self { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Routes in a node's main table as `dst via gw proto p`, sorted.
 fn routes(c: &Cluster, n: usize) -> Vec<String> {
     let out = run_in(&c.nodes[n].node.name, "ip", &["-j", "route", "show", "table", "main"]).unwrap();
@@ -114,7 +77,7 @@ fn routes(c: &Cluster, n: usize) -> Vec<String> {
 }
 
 /// Waits up to 10 s for a node's routes to be `want` (in any order).
-fn wait_for_routes(c: &Cluster, n: usize, want: &[&str], agent: &Running) {
+fn wait_for_routes(c: &Cluster, n: usize, want: &[&str], agent: &RunningAgent) {
     let mut want: Vec<String> = want.iter().map(ToString::to_string).collect();
     want.sort();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -300,7 +263,9 @@ fn follows_a_watch() {
     let (u1, u2) = (UNDERLAY_IPS[0], UNDERLAY_IPS[1]);
     let at = SocketAddrV4::new(u1.parse().unwrap(), 6443);
     let api = FakeApi::start(netns, at);
-    let agent = Running::start(&c, 0, &["--api-server", &format!("http://{at}"), "--interval", "30"]);
+    let agent =
+        RunningAgent::start(&c.nodes[0], "node-1", &["--api-server", &format!("http://{at}"), "--interval", "30"])
+            .unwrap();
     let seen = |request: String, want: &str| {
         assert!(request.starts_with(want), "expected {want:?}, got {request:?}; the agent's log:\n{}", agent.log());
     };

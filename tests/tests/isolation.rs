@@ -4,34 +4,20 @@
 //! this are readable by root alone.
 use std::{net::Ipv4Addr, os::unix::fs::PermissionsExt as _};
 
-use ebpf_cni_tests::{Attached, NODE_IP, Testbed, run, traffic::PacketSocket};
+use ebpf_cni_tests::{
+    Attached, NODE_IP, Testbed,
+    frames::{self, ethernet},
+    run,
+    traffic::PacketSocket,
+};
 use ebpf_common::DropReason;
 
 /// Bytes no real traffic carries: what the victim's sniffer looks for.
 const MARKER: &[u8] = b"ebpf-cni-isolation-probe";
 
-fn ethernet(dst: [u8; 6], src: [u8; 6], ether_type: u16) -> Vec<u8> {
-    [&dst[..], &src[..], &ether_type.to_be_bytes()[..]].concat()
-}
-
-/// A UDP datagram carrying [`MARKER`] in an IPv4 packet (checksum left zero: the programs do
-/// not look at it, and nothing is meant to deliver it).
+/// A UDP datagram carrying [`MARKER`] in an IPv4 packet: nothing is meant to deliver it.
 fn ipv4_udp(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
-    let total = (20 + 8 + MARKER.len()) as u16;
-    let udp_len = (8 + MARKER.len()) as u16;
-    [
-        &[0x45, 0][..],
-        &total.to_be_bytes(),
-        &[0, 1, 0, 0, 64, 17, 0, 0],
-        &src.octets(),
-        &dst.octets(),
-        &4000u16.to_be_bytes(),
-        &4000u16.to_be_bytes(),
-        &udp_len.to_be_bytes(),
-        &[0, 0],
-        MARKER,
-    ]
-    .concat()
+    frames::ipv4_udp(src, dst, MARKER)
 }
 
 /// An ARP packet (`oper` 1 request, 2 reply) claiming `sender_ip` is at `sender_mac`.

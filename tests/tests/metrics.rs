@@ -3,17 +3,18 @@
 //! the traffic the test made: spoofed packets counted exactly, endpoints, a masqueraded flow's
 //! two NAT entries, the agent's syncs. Errors are one line on stderr, a closed pipe is quiet.
 use std::{
-    fs::File,
     io::{Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream},
     os::unix::process::ExitStatusExt as _,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use ebpf_cni_tests::{
-    Attached, Cluster, EXT_SERVER, Testbed, UNDERLAY_IPS, prometheus, run, run_in,
+    Attached, Cluster, EXT_SERVER, Testbed, UNDERLAY_IPS,
+    agent::RunningAgent,
+    frames, prometheus, run, run_in,
     traffic::{self, PacketSocket},
 };
 use ebpf_common::{DropReason, ENDPOINTS_MAX_ENTRIES, ForwardPath, NAT_MAX_ENTRIES, PIN_LAYOUT_VERSION};
@@ -101,25 +102,7 @@ fn now_seconds() -> f64 {
 /// An IPv4/UDP frame from pod `a` through its gateway with another source address: the
 /// datapath drops it as spoofed-source. 58 bytes on the wire.
 fn spoofed_frame(a: &Attached, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
-    let payload = b"ebpf-cni-metrics";
-    let ip_len = (20 + 8 + payload.len()) as u16;
-    let udp_len = (8 + payload.len()) as u16;
-    [
-        &a.host_mac[..],
-        &a.pod_mac,
-        &0x0800u16.to_be_bytes(),
-        &[0x45, 0],
-        &ip_len.to_be_bytes(),
-        &[0, 1, 0, 0, 64, 17, 0, 0],
-        &src.octets(),
-        &dst.octets(),
-        &4000u16.to_be_bytes(),
-        &4000u16.to_be_bytes(),
-        &udp_len.to_be_bytes(),
-        &[0, 0],
-        payload,
-    ]
-    .concat()
+    [frames::ethernet(a.host_mac, a.pod_mac, 0x0800), frames::ipv4_udp(src, dst, b"ebpf-cni-metrics")].concat()
 }
 
 #[test]
@@ -229,41 +212,6 @@ fn the_page_shows_what_the_datapath_did() {
     eprintln!("ebpf-cni metrics on node 1:\n{stdout}");
 }
 
-/// The agent running on (not `--once`) in a node's namespace, its stderr in a file; killed, by
-/// its PID, when dropped (also when the test panics).
-struct Agent {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Agent {
-    fn start(c: &Cluster, args: &[&str]) -> Self {
-        let node = &c.nodes[0];
-        let log = node.data_dir().with_file_name("agent.log");
-        // nsenter execs the agent in place: the PID is the agent's.
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", node.node.name))
-            .arg(&node.plugin.binary)
-            .args(["agent", "--node", "node-1", "--bpffs-root", node.bpffs_root().to_str().unwrap()])
-            .args(args)
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Self { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One HTTP/1.1 request from inside `netns`: (status line, headers, body).
 fn http_get(netns: &str, at: SocketAddr, path: &str) -> anyhow::Result<(String, String, String)> {
     let mut stream = traffic::in_netns(netns, move || Ok(TcpStream::connect_timeout(&at, Duration::from_secs(2))?))?;
@@ -280,7 +228,7 @@ fn http_get(netns: &str, at: SocketAddr, path: &str) -> anyhow::Result<(String, 
 fn scrape_until(
     netns: &str,
     at: SocketAddr,
-    agent: &Agent,
+    agent: &RunningAgent,
     what: &str,
     done: impl Fn(&[prometheus::Family]) -> bool,
 ) -> Vec<prometheus::Family> {
@@ -323,10 +271,12 @@ fn the_agent_serves_its_own_series_and_the_datapath() {
     // Loopback of the node's namespace: nothing outside it can reach the port.
     let at: SocketAddr = "127.0.0.1:9962".parse().unwrap();
     let started = now_seconds();
-    let mut agent = Agent::start(
-        &c,
+    let mut agent = RunningAgent::start(
+        &c.nodes[0],
+        "node-1",
         &["--nodes-file", nodes_file.to_str().unwrap(), "--interval", "1", "--metrics-addr", &at.to_string()],
-    );
+    )
+    .unwrap();
 
     let routes = |f: &[prometheus::Family]| prometheus::value(f, "ebpf_cni_agent_routes", &[]);
     let page = scrape_until(&netns, at, &agent, "the agent's route", |f| routes(f) == Some(1.0));
