@@ -246,6 +246,16 @@ impl Testbed {
         })
     }
 
+    /// `count` new pods, each ADDed (spec 1.1.0); what the programs know of them.
+    pub fn add_attachments(&mut self, count: usize) -> Result<Vec<Attached>> {
+        (0..count)
+            .map(|_| {
+                let pod = self.new_pod()?;
+                self.add_attachment(pod)
+            })
+            .collect()
+    }
+
     pub fn del(&self, pod: usize) -> Result<()> {
         self.del_with_netns(pod, &self.pods[pod].netns_path())
     }

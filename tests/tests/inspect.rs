@@ -8,7 +8,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use ebpf_cni_tests::{Attached, Cluster, EXT_SERVER, NODE1_UPLINK_IP, Testbed, traffic};
+use ebpf_cni_tests::{Cluster, EXT_SERVER, NODE1_UPLINK_IP, Testbed, traffic};
 use ebpf_common::DropReason;
 use serde_json::{Value, json};
 
@@ -59,12 +59,7 @@ fn every_view_shows_what_the_datapath_holds() {
     };
     c.nodes[0].extra.insert("ebpfLogLevel".into(), json!("debug"));
     let node = &mut c.nodes[0];
-    let pods: Vec<Attached> = (0..2)
-        .map(|_| {
-            let pod = node.new_pod().unwrap();
-            node.add_attachment(pod).unwrap()
-        })
-        .collect();
+    let pods = node.add_attachments(2).unwrap();
     let server = SocketAddrV4::new(EXT_SERVER.parse().unwrap(), 5300);
     let _listener = traffic::udp_socket(&c.ext.name, server).unwrap();
     let client = traffic::udp_socket(&node.pods[0].netns.name, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 4242)).unwrap();

@@ -113,12 +113,7 @@ fn the_page_shows_what_the_datapath_did() {
     };
     let started = now_seconds();
     let node = &mut c.nodes[0];
-    let pods: Vec<Attached> = (0..2)
-        .map(|_| {
-            let pod = node.new_pod().unwrap();
-            node.add_attachment(pod).unwrap()
-        })
-        .collect();
+    let pods = node.add_attachments(2).unwrap();
     let network = node.network.clone();
     let net = [("network", network.as_str())];
 
