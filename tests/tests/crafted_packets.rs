@@ -86,7 +86,11 @@ fn expect(
     let (got, out) = run(tb, name, ifname, frame);
     assert_eq!(got, verdict, "{name}: {what}: verdict {got:#x}, expected {verdict:#x}");
     if let (Some(reason), Some(before)) = (reason, before) {
-        assert_eq!(tb.drops(reason).unwrap(), before + 1, "{name}: {what}: {reason:?} not counted");
+        let after = tb.drops(reason).unwrap();
+        // The pods' kernels add `UnsupportedProtocol` drops of their own (IPv6 router
+        // solicitations) at any moment: for that reason, at least one more is all a test can ask.
+        let counted = if reason == DropReason::UnsupportedProtocol { after > before } else { after == before + 1 };
+        assert!(counted, "{name}: {what}: {reason:?} not counted ({before} before, {after} after)");
     }
     out
 }

@@ -44,7 +44,10 @@ fn blocked(tb: &Testbed, from: &PacketSocket, victim: &PacketSocket, what: &str,
     victim.received();
     from.send(&frame).unwrap();
     assert!(!carries_marker(&victim.received()), "{what}: the other pod received it");
-    assert_eq!(tb.drops(reason).unwrap(), before + 1, "{what}: not counted as {reason:?}");
+    // At least one: the pods' own kernels send IPv6 router solicitations at moments of their
+    // choosing, which count as `UnsupportedProtocol` too until IPv6 is supported.
+    let after = tb.drops(reason).unwrap();
+    assert!(after > before, "{what}: not counted as {reason:?} ({before} before, {after} after)");
 }
 
 #[test]
