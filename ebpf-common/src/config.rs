@@ -16,18 +16,41 @@ pub struct DatapathConfig {
     pub node_ipv4: [u8; 4],
     /// The interface masquerade happens on (egress) and is undone on (ingress).
     pub uplink_ifindex: u32,
-    /// Ports a masqueraded flow may get when its own source port is taken, inclusive.
+    /// The ports masqueraded flows leave from, inclusive. Disjoint from the node's own
+    /// ephemeral ports, so that a reply to the node is never taken for a pod's.
     pub port_min: u16,
     pub port_max: u16,
+    /// This node's pod subnet: an address in it that is no pod's goes nowhere (it would
+    /// otherwise follow the default route out, with a pod's source address).
+    pub node_pods_ipv4: [u8; 4],
+    pub node_pods_prefix: u8,
+    pub pad2: [u8; 3],
 }
 
 impl DatapathConfig {
     /// Whether `addr` (network byte order octets) is in the cluster CIDR.
     #[inline(always)]
     pub fn in_cluster(&self, addr: [u8; 4]) -> bool {
-        let mask = prefix_mask(self.cluster_prefix);
-        u32::from_be_bytes(addr) & mask == u32::from_be_bytes(self.cluster_ipv4) & mask
+        in_prefix(addr, self.cluster_ipv4, self.cluster_prefix)
     }
+
+    /// Whether `addr` is in this node's pod subnet (none set: never).
+    #[inline(always)]
+    pub fn in_node_pods(&self, addr: [u8; 4]) -> bool {
+        self.node_pods_prefix != 0 && in_prefix(addr, self.node_pods_ipv4, self.node_pods_prefix)
+    }
+
+    /// Whether `port` is one masquerade hands out.
+    #[inline(always)]
+    pub fn is_masq_port(&self, port: u16) -> bool {
+        port >= self.port_min && port <= self.port_max
+    }
+}
+
+#[inline(always)]
+fn in_prefix(addr: [u8; 4], network: [u8; 4], prefix: u8) -> bool {
+    let mask = prefix_mask(prefix);
+    u32::from_be_bytes(addr) & mask == u32::from_be_bytes(network) & mask
 }
 
 #[inline(always)]

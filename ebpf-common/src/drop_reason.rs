@@ -18,11 +18,15 @@ pub enum DropReason {
     /// Masquerade cannot translate it: an IP fragment, an ICMP type other than echo, or a
     /// protocol other than TCP, UDP and ICMP. Dropped rather than leaked with the pod's address.
     NatUntranslatable = 7,
+    /// To an address of this node's pod subnet that is no pod's (the gateway address, the
+    /// broadcast, an unassigned one), about to leave through the uplink: it never leaves the
+    /// node, where upstream routers would send it back (a loop) and with a pod's source.
+    NotAPod = 8,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 8] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -30,6 +34,7 @@ impl DropReason {
         Self::RedirectFailed,
         Self::NatPortsExhausted,
         Self::NatUntranslatable,
+        Self::NotAPod,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -44,6 +49,7 @@ impl DropReason {
             Self::RedirectFailed => "redirect-failed",
             Self::NatPortsExhausted => "nat-ports-exhausted",
             Self::NatUntranslatable => "nat-untranslatable",
+            Self::NotAPod => "not-a-pod",
         }
     }
 

@@ -38,7 +38,14 @@ pub struct Endpoint {
     pub pod_mac: [u8; 6],
     /// MAC of the host-side veth: the gateway MAC the pod sees, source of delivered frames.
     pub host_mac: [u8; 6],
-    pub pad: [u8; 4],
+    /// Set to 1 by `to_pod` once the node's stack delivered the pod a packet from a cluster
+    /// address (a Service's client): only then do the pod's packets to other pods need a look
+    /// in `FLOWS` before a fast path. The plugin writes 0.
+    pub stack_replies: u8,
+    /// Set to 1 by `to_uplink` once the pod sent a packet to another node through the stack (a
+    /// Service's remote endpoint): only then do packets from the uplink to it need that look.
+    pub stack_peers: u8,
+    pub pad: [u8; 2],
 }
 
 /// Per-CPU packet and byte counts for one drop reason (value of `METRICS`).

@@ -6,21 +6,42 @@
 pub enum ForwardPath {
     /// From a pod straight into another pod of this node (`bpf_redirect_peer`).
     PodToPod = 0,
-    /// From a pod to another node, out of the interface the FIB chose.
+    /// From a pod to another node, straight out of the uplink (the FIB redirect).
     ToOtherNode = 1,
     /// From a pod to the node's stack: the node's own addresses, Services, the outside (before
-    /// masquerade), and what the FIB could not answer.
+    /// masquerade), other nodes reached through another interface than the uplink, and what
+    /// the FIB could not answer.
     ToStack = 2,
     /// Out of the uplink with the node's address (masquerade).
     Masqueraded = 3,
-    /// A reply to a masqueraded flow, translated back and delivered into its pod.
+    /// A reply to a masqueraded flow, translated back and handed to the node's stack (whose
+    /// conntrack saw the pod's side of the flow), which delivers it into the pod.
     ReplyToPod = 4,
+    /// From the uplink (another node's pod) straight into a pod of this node.
+    FromOtherNode = 5,
+    /// From the uplink to a pod of this node through the stack: flows the stack handled the
+    /// other direction of (a Service's remote endpoint), and flows opened from outside the cluster.
+    UplinkToStack = 6,
+    /// From a pod to a pod (here or on another node) through the stack rather than a fast path,
+    /// because the stack handled the flow's other direction (a Service's DNAT).
+    StackFlow = 7,
+    /// Out of the uplink with the pod's own address: its replies to a flow opened from outside.
+    NotMasqueraded = 8,
 }
 
 impl ForwardPath {
     /// Every path, in number order.
-    pub const ALL: [ForwardPath; 5] =
-        [Self::PodToPod, Self::ToOtherNode, Self::ToStack, Self::Masqueraded, Self::ReplyToPod];
+    pub const ALL: [ForwardPath; 9] = [
+        Self::PodToPod,
+        Self::ToOtherNode,
+        Self::ToStack,
+        Self::Masqueraded,
+        Self::ReplyToPod,
+        Self::FromOtherNode,
+        Self::UplinkToStack,
+        Self::StackFlow,
+        Self::NotMasqueraded,
+    ];
 
     /// Size of `FORWARDED`: one slot per path.
     pub const SLOTS: u32 = Self::ALL.len() as u32;
@@ -32,6 +53,10 @@ impl ForwardPath {
             Self::ToStack => "to-stack",
             Self::Masqueraded => "masqueraded",
             Self::ReplyToPod => "reply-to-pod",
+            Self::FromOtherNode => "from-other-node",
+            Self::UplinkToStack => "uplink-to-stack",
+            Self::StackFlow => "stack-flow",
+            Self::NotMasqueraded => "not-masqueraded",
         }
     }
 

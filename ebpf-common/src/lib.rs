@@ -8,17 +8,19 @@
 mod config;
 mod drop_reason;
 mod endpoint;
+mod flows;
 mod forward_path;
 mod nat;
 
 pub use config::DatapathConfig;
 pub use drop_reason::DropReason;
 pub use endpoint::{Counter, Endpoint, FAMILY_IPV4, FAMILY_IPV6, IpKey, ipv4_in_16};
+pub use flows::*;
 pub use forward_path::ForwardPath;
 pub use nat::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
-pub const PIN_LAYOUT_VERSION: u32 = 2;
+pub const PIN_LAYOUT_VERSION: u32 = 3;
 
 /// Capacity of `ENDPOINTS`: one entry per pod address on the node. 64 Ki entries of
 /// 20 + 32 bytes cost about 5 MiB of kernel memory, far above kubelet's default of 110 pods.
@@ -29,10 +31,12 @@ pub mod names {
     pub const FROM_POD: &str = "from_pod";
     pub const TO_UPLINK: &str = "to_uplink";
     pub const FROM_UPLINK: &str = "from_uplink";
+    pub const TO_POD: &str = "to_pod";
     pub const ENDPOINTS: &str = "ENDPOINTS";
     pub const METRICS: &str = "METRICS";
     pub const FORWARDED: &str = "FORWARDED";
     pub const NAT: &str = "NAT";
+    pub const FLOWS: &str = "FLOWS";
     pub const SETTINGS: &str = "SETTINGS";
     /// The global holding [`crate::DatapathConfig`].
     pub const CONFIG: &str = "CONFIG";
@@ -44,7 +48,8 @@ mod pod {
     unsafe impl aya::Pod for crate::IpKey {}
     unsafe impl aya::Pod for crate::Endpoint {}
     unsafe impl aya::Pod for crate::Counter {}
-    unsafe impl aya::Pod for crate::NatKey {}
+    unsafe impl aya::Pod for crate::FlowKey {}
     unsafe impl aya::Pod for crate::NatEntry {}
+    unsafe impl aya::Pod for crate::FlowEntry {}
     unsafe impl aya::Pod for crate::DatapathConfig {}
 }

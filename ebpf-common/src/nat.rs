@@ -1,26 +1,11 @@
-//! Source NAT (masquerade) state: one LRU map holding both directions of every translated flow.
+//! Source NAT (masquerade) state: one LRU map holding both directions of every translated flow,
+//! keyed by [`crate::FlowKey`].
 
 /// Capacity of `NAT`: two entries per flow (egress and reply), so 32 Ki masqueraded flows per
 /// node at once. An LRU map, so when it is full the least recently used flow is forgotten
 /// rather than a new one refused. About 9 MiB of kernel memory (40 + 40 bytes plus the
 /// kernel's per-element overhead).
 pub const NAT_MAX_ENTRIES: u32 = 65_536;
-
-/// A flow as it appears on the wire in one direction. Ports are in host byte order so that
-/// `bpftool map dump` prints the numbers people expect. ICMP echo uses its identifier as the
-/// source port of a request and the destination port of a reply, and 0 for the other port.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct NatKey {
-    pub family: u8,
-    /// IP protocol number: 6 TCP, 17 UDP, 1 ICMP.
-    pub protocol: u8,
-    pub pad: [u8; 2],
-    pub src_port: u16,
-    pub dst_port: u16,
-    pub src_addr: [u8; 16],
-    pub dst_addr: [u8; 16],
-}
 
 /// What a flow's address and port are rewritten to. For an egress entry (key: pod → outside) it
 /// is the node's address and the allocated port, which replace the source; for a reply entry
@@ -32,7 +17,10 @@ pub struct NatEntry {
     pub port: u16,
     /// [`NAT_EGRESS`] or [`NAT_REPLY`], so a dump reads without knowing the addresses.
     pub direction: u8,
-    pub pad: [u8; 5],
+    /// 1 once either side of a TCP flow sent FIN or RST: its port is free again after
+    /// [`NAT_TIMEOUT_TCP_CLOSING_NS`] rather than the established timeout.
+    pub closing: u8,
+    pub pad: [u8; 4],
     /// The attachment (container ID + ifname) whose pod owns the flow: DEL removes its entries.
     pub owner: u64,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the last packet either way.
@@ -45,10 +33,12 @@ pub const NAT_REPLY: u8 = 2;
 /// How long a flow may stay idle before another flow may take its port. An idle flow keeps
 /// working until its port is needed: expiry only allows reuse, the LRU does the forgetting.
 pub const NAT_TIMEOUT_TCP_NS: u64 = 2 * 60 * 60 * 1_000_000_000;
+/// A TCP flow after FIN or RST: long enough for the last ACKs and a retransmitted FIN.
+pub const NAT_TIMEOUT_TCP_CLOSING_NS: u64 = 10 * 1_000_000_000;
 pub const NAT_TIMEOUT_UDP_NS: u64 = 60 * 1_000_000_000;
 pub const NAT_TIMEOUT_ICMP_NS: u64 = 30 * 1_000_000_000;
 
-/// Ports tried for a new flow: the pod's own source port first, then this many more drawn at
-/// random from the configured range. 32 tries find a free port with probability above
-/// 1 − 0.9³² ≈ 97 % even when 90 % of the range is taken for that destination.
+/// Ports tried for a new flow, drawn at random from the configured range (never the pod's own
+/// port: only the range is kept clear of the node's sockets). 32 tries find a free port with
+/// probability above 1 − 0.9³² ≈ 97 % even when 90 % of the range is taken for that destination.
 pub const NAT_PORT_TRIES: u32 = 32;

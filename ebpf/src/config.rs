@@ -12,6 +12,9 @@ static CONFIG: DatapathConfig = DatapathConfig {
     uplink_ifindex: 0,
     port_min: 0,
     port_max: 0,
+    node_pods_ipv4: [0; 4],
+    node_pods_prefix: 0,
+    pad2: [0; 3],
 };
 
 /// The settings. A volatile read, or the compiler would fold the zero initialiser.

@@ -1,16 +1,19 @@
 //! Forwarding to another node's pods: a FIB lookup in the node's routing table (the per-node
-//! routes, host-gw style), then straight out of the chosen interface. Anything the FIB does not
-//! answer with a next hop (local address, no route, forwarding off, MTU) goes to the kernel,
-//! which then does what it always does (deliver, ICMP error, drop).
+//! routes, host-gw style), then straight out of the uplink. Anything the FIB does not answer
+//! with a next hop through the uplink (local address, no route, forwarding off, too big, another
+//! interface) goes to the kernel, which does what it always does (forward, ICMP error, drop).
+//! Only the uplink: replies come back through it, where `from_uplink` puts them straight into
+//! the pod; through another interface they would meet the node's conntrack having never seen
+//! the request, which kube-proxy's `--ctstate INVALID -j DROP` drops.
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams, bpf_redir_neigh},
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
-use ebpf_common::ForwardPath;
+use ebpf_common::{FAST_PATH_MARK, ForwardPath};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 
-use crate::{maps, packet};
+use crate::{config, maps, packet};
 
 const AF_INET: u8 = 2;
 
@@ -26,7 +29,9 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     params.family = AF_INET;
     params.l4_protocol = ip.proto;
     params.ifindex = packet::ingress_ifindex(ctx);
-    params.__bindgen_anon_1.tot_len = u16::from_be_bytes(ip.tot_len);
+    // No length: the kernel then checks the packet itself against the route's MTU, which
+    // knows a GSO packet is cut into segments that fit (its full length never does).
+    params.__bindgen_anon_1.tot_len = 0;
     params.__bindgen_anon_2.tos = ip.tos;
     params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
     params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
@@ -36,7 +41,12 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     if found != BPF_FIB_LKUP_RET_SUCCESS && found != BPF_FIB_LKUP_RET_NO_NEIGH {
         return to_stack(ctx);
     }
+    if params.ifindex != config::get().uplink_ifindex {
+        return to_stack(ctx);
+    }
     decrement_ttl(ip);
+    // `to_uplink` must not take it for a packet of the stack's (see `steer.rs`).
+    ctx.set_mark(FAST_PATH_MARK);
     if found == BPF_FIB_LKUP_RET_SUCCESS {
         eth.dst_addr = params.dmac;
         eth.src_addr = params.smac;

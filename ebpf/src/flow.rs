@@ -1,7 +1,7 @@
 //! The addresses and ports of an IPv4 packet, as NAT sees them. Read with `bpf_skb_load_bytes`
 //! (`TcContext::load`), which works whatever part of the packet is in the linear area.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, FAMILY_IPV4, NatKey, ipv4_in_16};
+use ebpf_common::{DropReason, FAMILY_IPV4, FlowKey, ipv4_in_16};
 use network_types::{
     eth::{EthHdr, EtherType},
     icmp::Icmpv4Hdr,
@@ -32,7 +32,12 @@ pub struct Flow {
     pub dst_port: u16,
     /// Offset of the L4 header in the frame.
     pub l4: usize,
+    /// TCP's flags byte (FIN 0x01, SYN 0x02, RST 0x04, …), 0 for other protocols.
+    pub tcp_flags: u8,
 }
+
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_RST: u8 = 0x04;
 
 impl Flow {
     /// Reads the flow of an IPv4 packet. Fragments, ICMP other than echo and other protocols
@@ -48,9 +53,12 @@ impl Flow {
             return Err(DropReason::NatUntranslatable);
         }
         let l4 = IP_OFFSET + header_len;
+        let mut tcp_flags = 0;
         let (src_port, dst_port) = match ip.proto {
             PROTO_TCP => {
                 let tcp: TcpHdr = ctx.load(l4).map_err(|_| DropReason::Malformed)?;
+                // FIN, SYN, RST and ACK into the wire's bit positions.
+                tcp_flags = (tcp.fin() | tcp.syn() << 1 | tcp.rst() << 2 | tcp.ack() << 4) as u8;
                 (u16::from_be_bytes(tcp.source), u16::from_be_bytes(tcp.dest))
             }
             PROTO_UDP => {
@@ -68,19 +76,32 @@ impl Flow {
             }
             _ => return Err(DropReason::NatUntranslatable),
         };
-        Ok(Self { protocol: ip.proto, src: ip.src_addr, dst: ip.dst_addr, src_port, dst_port, l4 })
+        Ok(Self { protocol: ip.proto, src: ip.src_addr, dst: ip.dst_addr, src_port, dst_port, l4, tcp_flags })
     }
 
-    /// The NAT map key of this packet as it is on the wire.
+    /// The key of this packet as it is on the wire.
     #[inline(always)]
-    pub fn key(&self) -> NatKey {
+    pub fn key(&self) -> FlowKey {
         key(self.protocol, self.src, self.src_port, self.dst, self.dst_port)
+    }
+
+    /// The key its replies will have: addresses and ports swapped (an echo request's
+    /// identifier becomes the reply's destination "port", as in `parse`).
+    #[inline(always)]
+    pub fn reply_key(&self) -> FlowKey {
+        key(self.protocol, self.dst, self.dst_port, self.src, self.src_port)
+    }
+
+    /// Whether this is a TCP segment that ends its connection (FIN or RST).
+    #[inline(always)]
+    pub fn closes(&self) -> bool {
+        self.protocol == PROTO_TCP && self.tcp_flags & (TCP_FIN | TCP_RST) != 0
     }
 }
 
 #[inline(always)]
-pub fn key(protocol: u8, src: [u8; 4], src_port: u16, dst: [u8; 4], dst_port: u16) -> NatKey {
-    NatKey {
+pub fn key(protocol: u8, src: [u8; 4], src_port: u16, dst: [u8; 4], dst_port: u16) -> FlowKey {
+    FlowKey {
         family: FAMILY_IPV4,
         protocol,
         pad: [0; 2],

@@ -6,8 +6,10 @@
 //! 1. ARP goes to the responder (`arp.rs`).
 //! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing).
 //! 3. IPv4 to another pod on this node is delivered straight into that pod with
-//!    `bpf_redirect_peer` (no second pass through the host stack).
-//! 4. IPv4 to a pod on another node (cluster CIDR) is forwarded through the FIB (`fib.rs`).
+//!    `bpf_redirect_peer` (no second pass through the host stack),
+//! 4. and IPv4 to a pod on another node goes straight out of the uplink (`fib.rs`),
+//!    both unless the node's stack handled the flow's other direction (`steer.rs`): then the
+//!    packet goes through the stack, whose conntrack undoes what it translated.
 //! 5. Anything else IPv4 goes to the node's stack (`packet::PASS`): the node's own addresses,
 //!    service addresses that kube-proxy translates, and the outside, which is masqueraded on
 //!    the way out of the uplink (`snat.rs`), after the node's own NAT rules had their say.
@@ -18,7 +20,7 @@ use network_types::{
     ip::Ipv4Hdr,
 };
 
-use crate::{arp, config, deliver, fib, maps, packet};
+use crate::{arp, config, deliver, fib, maps, packet, steer};
 
 pub fn handle(ctx: &TcContext) -> i32 {
     let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {
@@ -50,15 +52,22 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     if version != 4 || usize::from(header_len) < Ipv4Hdr::LEN {
         return maps::drop(ctx, DropReason::Malformed);
     }
-    match maps::endpoint(&IpKey::v4(src)) {
-        Some(own) if own.host_ifindex == packet::ingress_ifindex(ctx) => {}
+    let own = match maps::endpoint(&IpKey::v4(src)) {
+        Some(own) if own.host_ifindex == packet::ingress_ifindex(ctx) => own,
         _ => return maps::drop(ctx, DropReason::SpoofedSource),
+    };
+    let config = config::get();
+    let peer = maps::endpoint(&IpKey::v4(dst));
+    // Not a pod here, not a pod elsewhere (an unassigned address of this node's subnet is left
+    // to the stack, and `to_uplink` keeps it in the node): the stack's.
+    if peer.is_none() && (config.in_node_pods(dst) || !config.in_cluster(dst)) {
+        return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
-    if let Some(peer) = maps::endpoint(&IpKey::v4(dst)) {
-        return deliver::into_pod(ctx, &peer, ForwardPath::PodToPod);
+    if own.stack_replies != 0 && steer::via_stack(ctx) {
+        return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }
-    if config::get().in_cluster(dst) {
-        return fib::forward(ctx, eth, ip);
+    match peer {
+        Some(peer) => deliver::into_pod(ctx, &peer, ForwardPath::PodToPod),
+        None => fib::forward(ctx, eth, ip),
     }
-    maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS)
 }

@@ -1,5 +1,6 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
-//! one concern (`from_pod.rs`, `arp.rs`, `deliver.rs`, `fib.rs`, `snat.rs`, `rev_snat.rs`).
+//! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
+//! `arp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -16,6 +17,8 @@ mod flow;
 #[cfg(target_arch = "bpf")]
 mod from_pod;
 #[cfg(target_arch = "bpf")]
+mod from_uplink;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod packet;
@@ -25,6 +28,12 @@ mod rev_snat;
 mod rewrite;
 #[cfg(target_arch = "bpf")]
 mod snat;
+#[cfg(target_arch = "bpf")]
+mod steer;
+#[cfg(target_arch = "bpf")]
+mod to_pod;
+#[cfg(target_arch = "bpf")]
+mod to_uplink;
 
 #[cfg(target_arch = "bpf")]
 mod programs {
@@ -36,16 +45,22 @@ mod programs {
         crate::from_pod::handle(&ctx)
     }
 
-    /// TC egress of the uplink: masquerade pod → outside.
+    /// TC egress of every host-side veth: what the node's stack delivers into a pod.
     #[classifier]
-    pub fn to_uplink(ctx: TcContext) -> i32 {
-        crate::snat::egress(&ctx)
+    pub fn to_pod(ctx: TcContext) -> i32 {
+        crate::to_pod::egress(&ctx)
     }
 
-    /// TC ingress of the uplink: replies to masqueraded flows, straight into their pod.
+    /// TC egress of the uplink: masquerade pod → outside, and flows the stack sent to other nodes.
+    #[classifier]
+    pub fn to_uplink(ctx: TcContext) -> i32 {
+        crate::to_uplink::egress(&ctx)
+    }
+
+    /// TC ingress of the uplink: replies to masqueraded flows, other nodes' pods, the outside.
     #[classifier]
     pub fn from_uplink(ctx: TcContext) -> i32 {
-        crate::rev_snat::ingress(&ctx)
+        crate::from_uplink::ingress(&ctx)
     }
 
     #[panic_handler]

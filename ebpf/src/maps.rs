@@ -6,8 +6,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use ebpf_common::{
-    Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, ForwardPath, IpKey, NAT_MAX_ENTRIES,
-    NatEntry, NatKey,
+    Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FlowEntry, FlowKey,
+    ForwardPath, IpKey, NAT_MAX_ENTRIES, NatEntry,
 };
 
 /// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
@@ -16,7 +16,11 @@ pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize 
 
 /// Masqueraded flows, both directions (see `snat.rs`, `rev_snat.rs`). LRU: a full map forgets the oldest flow.
 #[btf_map]
-pub static NAT: LruHashMap<NatKey, NatEntry, { NAT_MAX_ENTRIES as usize }> = LruHashMap::new();
+pub static NAT: LruHashMap<FlowKey, NatEntry, { NAT_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+/// Flows the node's stack handled, keyed by their replies (see `steer.rs`). LRU.
+#[btf_map]
+pub static FLOWS: LruHashMap<FlowKey, FlowEntry, { FLOWS_MAX_ENTRIES as usize }> = LruHashMap::new();
 
 /// A copy of the `CONFIG` global the programs were loaded with, written once by the plugin.
 /// The programs read the global; this is for people (`bpftool map dump`) and for later ADDs,

@@ -1,5 +1,5 @@
-//! Masquerade, the way out (`to_uplink`, TC egress of the uplink): pod → outside flows leave
-//! with the node's address. The way back is `rev_snat.rs`.
+//! Masquerade, the way out (called by `to_uplink`): pod → outside flows leave with the node's
+//! address and a port of the configured range. The way back is `rev_snat.rs`.
 //!
 //! Each flow has two entries in `NAT`: the egress entry, keyed by the pod's packet, says which
 //! node port it got; the reply entry, keyed by the reply as it arrives, says which pod and port
@@ -13,41 +13,24 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use ebpf_common::{
-    DatapathConfig, DropReason, Endpoint, ForwardPath, IpKey, NAT_EGRESS, NAT_PORT_TRIES, NAT_REPLY,
-    NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, ipv4_in_16,
+    DatapathConfig, DropReason, NAT_EGRESS, NAT_PORT_TRIES, NAT_REPLY, NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_CLOSING_NS,
+    NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, ipv4_in_16,
 };
 
 use crate::{
-    config,
     flow::{self, Flow, PROTO_ICMP, PROTO_TCP},
     maps,
     rewrite::{Side, rewrite},
 };
 
-/// TC egress of the uplink: masquerade packets of this node's pods bound outside the cluster.
-pub fn egress(ctx: &TcContext) -> i32 {
-    let config = config::get();
-    if config.masquerade == 0 || !flow::is_ipv4(ctx) {
-        return crate::packet::PASS;
-    }
-    let Ok((src, dst)) = flow::addresses(ctx) else { return crate::packet::PASS };
-    // Only our pods, only outside the cluster, never multicast or broadcast.
-    if !config.in_cluster(src) || config.in_cluster(dst) || dst[0] >= 224 {
-        return crate::packet::PASS;
-    }
-    let Some(pod) = maps::endpoint(&IpKey::v4(src)) else { return crate::packet::PASS };
-    match Flow::parse(ctx).and_then(|flow| masquerade(ctx, &config, &flow, &pod)) {
-        Ok(()) => maps::forwarded(ctx, ForwardPath::Masqueraded, crate::packet::PASS),
-        Err(reason) => maps::drop(ctx, reason),
-    }
-}
-
-fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow, pod: &Endpoint) -> Result<(), DropReason> {
+/// Gives the pod's packet the node's address and the flow's port (allocated on its first packet).
+#[inline(always)]
+pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow, owner: u64) -> Result<(), DropReason> {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let port = match existing_port(flow, config, now) {
         Some(port) => port,
-        None => allocate(ctx, flow, config, pod.owner, now)?,
+        None => allocate(ctx, flow, config, owner, now)?,
     };
     rewrite(ctx, flow, Side::Source, config.node_ipv4, port)
 }
@@ -64,8 +47,8 @@ fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64) -> Option<u16> 
         if (*reply).addr != ipv4_in_16(flow.src) || (*reply).port != flow.src_port {
             return None; // the port was taken over after the flow idled out
         }
-        touch(egress, now);
-        touch(reply, now);
+        touch(egress, now, flow.closes());
+        touch(reply, now, flow.closes());
     }
     Some(port)
 }
@@ -74,32 +57,36 @@ fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64) -> Option<u16> 
 /// at most once a second rather than on every packet (a write moves its cache line to this CPU).
 const TOUCH_EVERY_NS: u64 = 1_000_000_000;
 
-/// Records that the flow is alive, unless that was recorded less than a second ago.
+/// Records that the flow is alive, unless that was recorded less than a second ago, and that
+/// it is closing when this packet ends it (FIN, RST).
 ///
 /// # Safety
 /// `entry` must point at a `NAT` value obtained in this program run.
 #[inline(always)]
-pub unsafe fn touch(entry: *mut NatEntry, now: u64) {
+pub unsafe fn touch(entry: *mut NatEntry, now: u64, closes: bool) {
     // SAFETY: guaranteed by the caller.
     unsafe {
         if now.saturating_sub((*entry).last_seen_ns) >= TOUCH_EVERY_NS {
             (*entry).last_seen_ns = now;
         }
+        if closes && (*entry).closing == 0 {
+            (*entry).closing = 1;
+            (*entry).last_seen_ns = now;
+        }
     }
 }
 
-/// Finds a port for a new flow: the pod's own source port if free for this destination, else
-/// random ones from the configured range. Records both entries.
+/// Finds a port for a new flow among random ones of the configured range and records both
+/// entries. If the second cannot be written, the port claimed for the first is given back.
 #[inline(always)]
 fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
-    let reply = reply_entry(flow, owner, now);
-    let port = if claim(flow, config.node_ipv4, flow.src_port, &reply, now) {
-        flow.src_port
-    } else {
-        random_port(flow, config, owner, now).ok_or(DropReason::NatPortsExhausted)?
-    };
-    let egress = NatEntry { addr: ipv4_in_16(config.node_ipv4), port, direction: NAT_EGRESS, ..reply };
-    maps::NAT.insert(flow.key(), egress, u64::from(BPF_ANY)).map_err(|_| DropReason::NatPortsExhausted)?;
+    let port = random_port(flow, config, owner, now).ok_or(DropReason::NatPortsExhausted)?;
+    let egress =
+        NatEntry { addr: ipv4_in_16(config.node_ipv4), port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
+    if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_ANY)).is_err() {
+        let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
+        return Err(DropReason::NatPortsExhausted);
+    }
     aya_log_ebpf::info!(
         ctx,
         "masquerade: new flow {:i}:{} -> {:i}:{} proto {} leaves from port {}",
@@ -169,7 +156,8 @@ fn reply_entry(flow: &Flow, owner: u64, now: u64) -> NatEntry {
         addr: ipv4_in_16(flow.src),
         port: flow.src_port,
         direction: NAT_REPLY,
-        pad: [0; 5],
+        closing: 0,
+        pad: [0; 4],
         owner,
         last_seen_ns: now,
     }
@@ -189,20 +177,22 @@ fn claim(flow: &Flow, node_ipv4: [u8; 4], port: u16, reply: &NatEntry, now: u64)
     let Some(held) = maps::NAT.get_ptr(&key) else { return false };
     // SAFETY: an LRU value, read field by field (a copy would cost stack the callback of
     // `random_port` does not have).
-    let (ours, last_seen) = unsafe { ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns) };
-    let idle = now.saturating_sub(last_seen) > timeout(flow.protocol);
+    let (ours, last_seen, closing) =
+        unsafe { ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns, (*held).closing) };
+    let idle = now.saturating_sub(last_seen) > timeout(flow.protocol, closing != 0);
     (ours || idle) && maps::NAT.insert(&key, reply, u64::from(BPF_ANY)).is_ok()
 }
 
 /// The key a reply to the masqueraded flow arrives with: outside → node, ports swapped.
 #[inline(always)]
-fn reply_key(flow: &Flow, node_ipv4: [u8; 4], port: u16) -> ebpf_common::NatKey {
+fn reply_key(flow: &Flow, node_ipv4: [u8; 4], port: u16) -> ebpf_common::FlowKey {
     flow::key(flow.protocol, flow.dst, flow.dst_port, node_ipv4, port)
 }
 
 #[inline(always)]
-fn timeout(protocol: u8) -> u64 {
+fn timeout(protocol: u8, closing: bool) -> u64 {
     match protocol {
+        PROTO_TCP if closing => NAT_TIMEOUT_TCP_CLOSING_NS,
         PROTO_TCP => NAT_TIMEOUT_TCP_NS,
         PROTO_ICMP => NAT_TIMEOUT_ICMP_NS,
         _ => NAT_TIMEOUT_UDP_NS,

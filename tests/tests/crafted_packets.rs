@@ -4,7 +4,11 @@
 use std::{ffi::CString, net::Ipv4Addr};
 
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
-use ebpf_cni_tests::{Cluster, EXT_SERVER, NODE1_UPLINK_IP, Testbed, traffic::in_netns};
+use ebpf_cni_tests::{
+    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Testbed,
+    frames::{checksums_valid, with_checksums},
+    traffic::in_netns,
+};
 use ebpf_common::DropReason;
 
 const TC_ACT_UNSPEC: u32 = u32::MAX; // -1: leave it to the next filter and the stack
@@ -169,6 +173,9 @@ fn crafted_frames_get_their_documented_verdicts() {
     let to_uplink = |what: &str, frame: Vec<u8>, verdict: u32, reason: Option<DropReason>| {
         expect(tb, "to_uplink", "uplink0", what, frame, verdict, reason)
     };
+    let from_uplink = |what: &str, frame: Vec<u8>, verdict: u32, reason: Option<DropReason>| {
+        expect(tb, "from_uplink", "uplink0", what, frame, verdict, reason)
+    };
     let out = to_uplink("UDP with IP options", a_to(ext, &[1, 1, 1, 1], 0), TC_ACT_UNSPEC, None);
     assert_eq!(out[26..30], node_ip.octets(), "masqueraded source");
     to_uplink("fragment", a_to(ext, &[], 0x2000), TC_ACT_SHOT, Some(DropReason::NatUntranslatable));
@@ -178,14 +185,76 @@ fn crafted_frames_get_their_documented_verdicts() {
     to_uplink("UDP header cut at 4 bytes", short_udp, TC_ACT_SHOT, Some(DropReason::Malformed));
     to_uplink("IPv6", [from_a(0x86dd), vec![0x60; 40]].concat(), TC_ACT_UNSPEC, None);
 
-    // The reply to the UDP flow above goes straight into pod a; anything else to the node
-    // continues into it.
+    // The reply to the UDP flow above gets pod a's address and port back and goes on into the
+    // stack, whose conntrack saw a's side; anything else to the node continues into it.
     let port = u16::from_be_bytes([out[34 + 4], out[34 + 5]]);
-    let reply =
-        [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(ext, node_ip, UDP, &[], 0, &udp(53, port, b"answer"))].concat();
-    let delivered = expect(tb, "from_uplink", "uplink0", "reply", reply, TC_ACT_REDIRECT, None);
+    assert!((61_000..=65_535).contains(&port), "port {port} is not of the default masqPortRange");
+    let from_ext = |proto: u8, l4: &[u8]| {
+        with_checksums([ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(ext, node_ip, proto, &[], 0, l4)].concat())
+    };
+    let delivered = from_uplink("reply", from_ext(UDP, &udp(53, port, b"answer")), TC_ACT_UNSPEC, None);
     assert_eq!(delivered[30..34], a.ip.octets(), "reply not translated back to the pod");
-    assert_eq!(delivered[..6], a.pod_mac, "reply not addressed to the pod");
-    let stranger = [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(ext, node_ip, UDP, &[], 0, &udp(53, 1, b"?"))].concat();
-    expect(tb, "from_uplink", "uplink0", "no flow", stranger, TC_ACT_UNSPEC, None);
+    assert_eq!(delivered[36..38], 40000u16.to_be_bytes(), "reply not given the pod's port back");
+    assert!(checksums_valid(&delivered), "reply's checksums");
+    from_uplink("no flow", from_ext(UDP, &udp(53, 1, b"?")), TC_ACT_UNSPEC, None);
+
+    // TCP and ICMP echo, both ways, with their checksums.
+    for (what, proto, l4, id_at) in
+        [("TCP SYN", 6, tcp(40001, 443, 0x02), 0), ("ICMP echo request", 1, icmp_echo(8, 0x1234), 4)]
+    {
+        let request = with_checksums([from_a(ETH_IPV4), ipv4(a.ip, ext, proto, &[], 0, &l4)].concat());
+        let out = to_uplink(what, request, TC_ACT_UNSPEC, None);
+        assert_eq!(out[26..30], node_ip.octets(), "{what}: masqueraded source");
+        assert!(checksums_valid(&out), "{what}: checksums after masquerade");
+        let given = u16::from_be_bytes([out[34 + id_at], out[35 + id_at]]);
+        assert!((61_000..=65_535).contains(&given), "{what}: port {given} is not of the range");
+        let reply = match proto {
+            6 => tcp(443, given, 0x12),
+            _ => icmp_echo(0, given),
+        };
+        let back = from_uplink(&format!("{what}: reply"), from_ext(proto, &reply), TC_ACT_UNSPEC, None);
+        assert_eq!(back[30..34], a.ip.octets(), "{what}: reply not translated back");
+        let restored = if proto == 6 { 40001 } else { 0x1234 };
+        let at = if proto == 6 { 36 } else { 38 };
+        assert_eq!(back[at..at + 2], u16::to_be_bytes(restored), "{what}: reply's port");
+        assert!(checksums_valid(&back), "{what}: checksums of the translated reply");
+    }
+    // A packet to the node on a port outside the range is the node's, whatever NAT holds.
+    from_uplink("to a node port below the range", from_ext(UDP, &udp(53, 40000, b"?")), TC_ACT_UNSPEC, None);
+
+    // Addresses of the node's pod subnet that are no pod never leave through the uplink, and
+    // are not sent back out when they arrive there.
+    let unused: Ipv4Addr = "10.221.1.250".parse().unwrap();
+    to_uplink("to an unused pod address", a_to(unused, &[], 0), TC_ACT_SHOT, Some(DropReason::NotAPod));
+    let stray = [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(ext, unused, UDP, &[], 0, &datagram)].concat();
+    from_uplink("to an unused pod address", stray, TC_ACT_SHOT, Some(DropReason::NotAPod));
+
+    // Another node's pod reaches a straight; the outside reaches it through the stack, and a's
+    // reply keeps its own address.
+    let other_pod: Ipv4Addr = "10.221.2.7".parse().unwrap();
+    let to_a = |src: Ipv4Addr| [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(src, a.ip, UDP, &[], 0, &datagram)].concat();
+    from_uplink("from another node's pod", to_a(other_pod), TC_ACT_REDIRECT, None);
+    let client: Ipv4Addr = "192.0.2.77".parse().unwrap();
+    from_uplink("from outside the cluster", to_a(client), TC_ACT_UNSPEC, None);
+    let answer = [from_a(ETH_IPV4), ipv4(a.ip, client, UDP, &[], 0, &udp(53, 40000, b"query"))].concat();
+    let out = to_uplink("reply to the outside's flow", answer, TC_ACT_UNSPEC, None);
+    assert_eq!(out[26..30], a.ip.octets(), "a reply in a flow opened from outside was masqueraded");
+
+    // What the stack delivers into b from a cluster address (a Service's client, after DNAT)
+    // makes b's replies in that flow take the stack too; b's other flows keep the fast path.
+    let service_client = [ethernet(b.pod_mac, b.host_mac, ETH_IPV4), ipv4(a.ip, b.ip, UDP, &[], 0, &datagram)].concat();
+    expect(tb, "to_pod", &b.host_ifname, "a Service's packet into b", service_client, TC_ACT_UNSPEC, None);
+    let from_b = |l4: &[u8]| [ethernet(b.host_mac, b.pod_mac, ETH_IPV4), ipv4(b.ip, a.ip, UDP, &[], 0, l4)].concat();
+    expect(tb, "from_pod", &b.host_ifname, "b's reply", from_b(&udp(53, 40000, b"r")), TC_ACT_UNSPEC, None);
+    expect(tb, "from_pod", &b.host_ifname, "b's own flow", from_b(&udp(53, 40002, b"r")), TC_ACT_REDIRECT, None);
+}
+
+fn tcp(src_port: u16, dst_port: u16, flags: u8) -> Vec<u8> {
+    let mut h = [&src_port.to_be_bytes()[..], &dst_port.to_be_bytes(), &[0, 0, 0, 1, 0, 0, 0, 0]].concat();
+    h.extend_from_slice(&[0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    h
+}
+
+fn icmp_echo(kind: u8, id: u16) -> Vec<u8> {
+    [&[kind, 0, 0, 0][..], &id.to_be_bytes(), &[0, 1], b"ping"].concat()
 }

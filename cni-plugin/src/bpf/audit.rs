@@ -26,6 +26,7 @@ pub struct Expected<'a> {
 pub struct Collected {
     pub endpoints: usize,
     pub nat_entries: usize,
+    pub flow_entries: usize,
     pub network_removed: bool,
 }
 
@@ -59,7 +60,7 @@ impl Datapath {
         Ok(())
     }
 
-    /// Removes endpoints and NAT entries of attachments whose owner cookie is not in `valid`,
+    /// Removes endpoints, NAT and FLOWS entries of attachments whose owner cookie is not in `valid`,
     /// then the network's pins if nothing is left. Keeps going past a failed step and reports
     /// the first failure.
     pub async fn collect_garbage(&self, valid_owners: &BTreeSet<u64>, node: &Netlink) -> CniResult<Collected> {
@@ -71,6 +72,7 @@ impl Datapath {
         };
         note(self.remove_endpoints_where(|o| !valid_owners.contains(&o)), &mut done.endpoints);
         note(self.remove_nat_where(|o| !valid_owners.contains(&o)), &mut done.nat_entries);
+        note(self.remove_flows_where(|o| !valid_owners.contains(&o)), &mut done.flow_entries);
         match self.remove_if_unused(node).await {
             Ok(removed) => done.network_removed = removed,
             Err(e) => drop(first_err.get_or_insert(e)),

@@ -130,10 +130,15 @@ impl Datapath {
     /// in tcx_link_attach, about 10 ms on a small VM, more than the rest of ADD), and a filter on
     /// a fresh qdisc does not. The filter belongs to the device: it outlives this process and
     /// goes away with the veth, so DEL and GC need no pin for it.
+    ///
+    /// `to_pod` goes on the egress: it sees what the node's stack delivers into the pod.
     pub fn attach(&self, host_ifname: &str) -> CniResult<()> {
-        let mut program = SchedClassifier::from_pin(self.pins.program(names::FROM_POD))
-            .cni(ErrorCode::DATAPATH, "cannot open pinned from_pod")?;
-        attach_filter(&mut program, host_ifname, TcAttachType::Ingress).map(drop)
+        for (name, direction) in [(names::TO_POD, TcAttachType::Egress), (names::FROM_POD, TcAttachType::Ingress)] {
+            let mut program = SchedClassifier::from_pin(self.pins.program(name))
+                .cni(ErrorCode::DATAPATH, format!("cannot open pinned {name}"))?;
+            attach_filter(&mut program, host_ifname, direction)?;
+        }
+        Ok(())
     }
 
     /// Removes the network's pins of this layout when no endpoint is left (every attachment

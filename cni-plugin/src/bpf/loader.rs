@@ -20,7 +20,7 @@ use crate::{
 /// The TC object built from `ebpf/`, with BTF, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni"));
 
-const MAPS: [&str; 5] = [names::ENDPOINTS, names::METRICS, names::FORWARDED, names::NAT, names::SETTINGS];
+const MAPS: [&str; 6] = [names::ENDPOINTS, names::METRICS, names::FORWARDED, names::NAT, names::FLOWS, names::SETTINGS];
 
 impl Datapath {
     /// Loads and pins the programs and maps unless an earlier ADD already did.
@@ -61,7 +61,7 @@ impl Datapath {
             .cni(ErrorCode::INTERNAL, "SETTINGS has another layout")?;
         recorded.set(0, settings.config, 0).cni(ErrorCode::DATAPATH, "cannot record the settings")?;
         // Pinned before they are attached, so that a restarted load finds their filters.
-        for name in [names::TO_UPLINK, names::FROM_UPLINK, names::FROM_POD] {
+        for name in [names::TO_UPLINK, names::FROM_UPLINK, names::TO_POD, names::FROM_POD] {
             let program = classifier(&mut ebpf, name)?;
             program.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}"))?;
             if name != names::FROM_POD {

@@ -1,6 +1,7 @@
 //! A network's datapath settings (`DatapathConfig`), resolved from the configuration and, for
 //! what it leaves out, from the node: the uplink is the default route's interface, the node's
-//! address is the uplink's primary IPv4 address, the cluster CIDR is the pod's subnet.
+//! address is the uplink's primary IPv4 address, the cluster CIDR is the pod's subnet (which is
+//! also this node's pod subnet).
 use std::{fmt, net::Ipv4Addr};
 
 use ebpf_common::DatapathConfig;
@@ -26,6 +27,8 @@ impl Settings {
         let mut config = DatapathConfig {
             cluster_ipv4: cluster.network().octets(),
             cluster_prefix: cluster.prefix(),
+            node_pods_ipv4: pod_subnet.network().octets(),
+            node_pods_prefix: pod_subnet.prefix(),
             ..DatapathConfig::default()
         };
         let log_level = conf.ebpf_log_level()?;
@@ -48,6 +51,7 @@ impl Settings {
         config.port_min = *ports.start();
         config.port_max = *ports.end();
         warn_if_not_forwarding();
+        warn_if_ports_shared(&ports);
         Ok(Self { config, uplink: Some(uplink), log_level })
     }
 }
@@ -77,6 +81,22 @@ async fn uplink(conf: &NetConf, node: &Netlink) -> CniResult<(String, u32)> {
 fn warn_if_not_forwarding() {
     if std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").is_ok_and(|v| v.trim() == "0") {
         log::warn!("net.ipv4.ip_forward is 0 in the node: pods cannot reach the outside");
+    }
+}
+
+/// Masquerade takes its ports as the node's own sockets take theirs, and a reply is the node's
+/// or a pod's by its port: the two ranges must not meet. The plugin does not change sysctls.
+fn warn_if_ports_shared(ports: &std::ops::RangeInclusive<u16>) {
+    let Ok(text) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else { return };
+    let mut bounds = text.split_whitespace().filter_map(|n| n.parse::<u16>().ok());
+    let (Some(low), Some(high)) = (bounds.next(), bounds.next()) else { return };
+    if *ports.start() <= high && low <= *ports.end() {
+        log::warn!(
+            "masqPortRange {}-{} overlaps the node's ephemeral ports {low}-{high} \
+             (net.ipv4.ip_local_port_range): a node connection and a pod's may meet on one port",
+            ports.start(),
+            ports.end()
+        );
     }
 }
 

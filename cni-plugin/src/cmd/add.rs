@@ -130,7 +130,9 @@ impl Setup<'_> {
             owner: self.attachment.cookie(),
             pod_mac: pod.mac,
             host_mac: host.mac,
-            pad: [0; 4],
+            stack_replies: 0,
+            stack_peers: 0,
+            pad: [0; 2],
         };
         fault::point("add:after-load");
         datapath.add_endpoints(&ips, endpoint)?;

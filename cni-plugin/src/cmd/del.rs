@@ -17,7 +17,7 @@ pub async fn del(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()>
 
 /// The veth first: deleting it removes its tc filter and the host route with it. A packet
 /// steered to the vanished veth in between is dropped and counted (redirect-failed). Then the
-/// endpoint and NAT entries (and the network's pins after its last pod), then the addresses.
+/// endpoint, NAT and FLOWS entries (and the network's pins after its last pod), then the addresses.
 /// Keeps going past a failed step; reports the first.
 pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink) -> CniResult<()> {
     let attachment = Attachment::new(&env.container_id, &env.ifname);
@@ -30,6 +30,7 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink)
             let dp = Datapath::lock(&root, &conf.name)?;
             dp.remove_endpoints(attachment.cookie())?;
             dp.remove_nat(attachment.cookie())?;
+            dp.remove_flows(attachment.cookie())?;
             dp.remove_if_unused(node).await.map(drop)
         };
         if let Err(e) = steps.await {

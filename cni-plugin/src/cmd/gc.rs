@@ -78,13 +78,14 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
     };
     let kernel = collected.unwrap_or_default();
     log::info!(
-        "GC of {} kept {} attachments; removed {} veths, {} endpoints, {} NAT entries, \
-         {released} IP reservations{}",
+        "GC of {} kept {} attachments; removed {} veths, {} endpoints, {} NAT entries, {} FLOWS \
+         entries, {released} IP reservations{}",
         conf.name,
         valid.len(),
         doomed.len(),
         kernel.endpoints,
         kernel.nat_entries,
+        kernel.flow_entries,
         if kernel.network_removed { ", and the network's programs and maps" } else { "" }
     );
     first_err.map_or(Ok(()), Err)

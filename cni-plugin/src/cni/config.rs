@@ -14,7 +14,9 @@ pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ebpf-cni";
 
 /// Ports a masqueraded flow may get when its own source port is taken: the upper half, where
 /// the ports of long-lived services rarely are.
-pub const DEFAULT_MASQ_PORTS: RangeInclusive<u16> = 32_768..=65_535;
+/// Above Linux's default ephemeral ports (32768–60999) and Kubernetes' NodePorts (30000–32767):
+/// masquerade never hands out a port the node's own sockets could be using.
+pub const DEFAULT_MASQ_PORTS: RangeInclusive<u16> = 61_000..=65_535;
 
 /// Smallest MTU the kernel accepts for IPv4.
 const MIN_MTU: u32 = 68;

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use anyhow::Result;
 use aya::maps::HashMap;
-use ebpf_common::{NAT_EGRESS, NatEntry, NatKey, names};
+use ebpf_common::{FlowKey, NAT_EGRESS, NatEntry, names};
 use serde::Serialize;
 
 use super::{
@@ -63,8 +63,8 @@ impl Row for NatRow {
 
 /// The flows, sorted; `interfaces` is read only when some flow has a pod to name.
 pub fn rows(pins: &Pins, interfaces: impl FnOnce() -> Result<Interfaces>) -> Result<Vec<NatRow>> {
-    let map: HashMap<_, NatKey, NatEntry> = HashMap::try_from(open_map(pins, names::NAT)?)?;
-    let flows: Vec<(NatKey, NatEntry)> = map.iter().filter_map(Result::ok).collect();
+    let map: HashMap<_, FlowKey, NatEntry> = HashMap::try_from(open_map(pins, names::NAT)?)?;
+    let flows: Vec<(FlowKey, NatEntry)> = map.iter().filter_map(Result::ok).collect();
     let mut pods: BTreeMap<u64, Vec<(Ipv4Addr, u32)>> = BTreeMap::new();
     if !flows.is_empty() {
         for (key, ep) in endpoint_entries(pins)? {

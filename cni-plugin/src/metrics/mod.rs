@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use ebpf_common::{
-    Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, ForwardPath, IpKey, NAT_MAX_ENTRIES, NatEntry, NatKey,
+    Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FlowKey, ForwardPath, IpKey, NAT_MAX_ENTRIES, NatEntry,
     PIN_LAYOUT_VERSION, names,
 };
 pub use exposition::Exposition;
@@ -95,7 +95,7 @@ impl Figures {
             drops: read::drop_counters(pins)?,
             forwarded: read::forwarded_counters(pins)?,
             endpoints: read::count_entries::<IpKey, Endpoint>(pins, names::ENDPOINTS)?,
-            nat_entries: read::count_entries::<NatKey, NatEntry>(pins, names::NAT)?,
+            nat_entries: read::count_entries::<FlowKey, NatEntry>(pins, names::NAT)?,
             loaded_at: read::loaded_at(pins)?,
         })
     }

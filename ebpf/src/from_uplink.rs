@@ -1,0 +1,41 @@
+//! `from_uplink`: TC ingress of the uplink, what other nodes and the outside send this node.
+//!
+//! 1. To the node's address: a reply to a masqueraded flow is translated back and handed to
+//!    the stack (`rev_snat.rs`); anything else is the node's.
+//! 2. To a pod of this node from another node's pod: straight into the pod, unless the stack
+//!    handled the flow's other direction (`steer.rs`).
+//! 3. To a pod from outside the cluster: through the stack (its conntrack sees both ways), and
+//!    recorded so that the pod's replies keep its address (`to_uplink`).
+//! 4. To an address of this node's pod subnet that is no pod: dropped, as the stack would route
+//!    it straight back out.
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{DropReason, FLOW_FROM_OUTSIDE, ForwardPath, IpKey};
+
+use crate::{config, deliver, flow, maps, packet, rev_snat, steer};
+
+pub fn ingress(ctx: &TcContext) -> i32 {
+    if !flow::is_ipv4(ctx) {
+        return packet::PASS;
+    }
+    let Ok((src, dst)) = flow::addresses(ctx) else { return packet::PASS };
+    let config = config::get();
+    if dst == config.node_ipv4 {
+        return rev_snat::reply(ctx, &config);
+    }
+    let Some(pod) = maps::endpoint(&IpKey::v4(dst)) else {
+        if config.in_node_pods(dst) {
+            return maps::drop(ctx, DropReason::NotAPod);
+        }
+        return packet::PASS;
+    };
+    if !config.in_cluster(src) {
+        if let Ok(flow) = flow::Flow::parse(ctx) {
+            steer::record(&flow.reply_key(), pod.owner, FLOW_FROM_OUTSIDE);
+        }
+        return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
+    }
+    if pod.stack_peers != 0 && steer::via_stack(ctx) {
+        return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
+    }
+    deliver::into_pod(ctx, &pod, ForwardPath::FromOtherNode)
+}

@@ -1,0 +1,30 @@
+//! `to_pod`: TC egress of each host-side veth, i.e. what the node's stack delivers into a pod
+//! (the fast paths put packets into pods with `bpf_redirect_peer`, which skips this hook). A
+//! packet from a cluster address got here through the stack, maybe translated (a Service's
+//! DNAT): its replies must go back through the stack (`steer.rs`). Nothing is ever dropped here.
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{FLOW_VIA_STACK, IpKey};
+
+use crate::{config, flow, maps, packet, steer};
+
+pub fn egress(ctx: &TcContext) -> i32 {
+    if !flow::is_ipv4(ctx) {
+        return packet::PASS;
+    }
+    let Ok((src, dst)) = flow::addresses(ctx) else { return packet::PASS };
+    // From the node, the outside or a Service address: the pod's replies are not addressed to a
+    // pod, so no fast path would take them anyway.
+    if !config::get().in_cluster(src) {
+        return packet::PASS;
+    }
+    let Ok(flow) = flow::Flow::parse(ctx) else { return packet::PASS };
+    let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v4(dst)) else { return packet::PASS };
+    // SAFETY: a hash map value, valid while this program runs; one byte, written only if unset.
+    unsafe {
+        steer::record(&flow.reply_key(), (*pod).owner, FLOW_VIA_STACK);
+        if (*pod).stack_replies == 0 {
+            (*pod).stack_replies = 1;
+        }
+    }
+    packet::PASS
+}

@@ -1,0 +1,57 @@
+//! `to_uplink`: TC egress of the uplink, the node's way out to other nodes and the outside.
+//!
+//! 1. A packet `from_pod` sent by the FIB redirect (`FAST_PATH_MARK`) goes as it is.
+//! 2. A packet to an address of this node's pod subnet that is no pod is dropped (`NotAPod`).
+//! 3. A pod's packet to another node that came through the stack (a Service's remote
+//!    endpoint, after kube-proxy's DNAT) records its flow, so its replies go back through the
+//!    stack too (`steer.rs`).
+//! 4. A pod's packet to the outside is masqueraded (`snat.rs`), unless it is a reply in a flow
+//!    opened from outside the cluster towards the pod's own address (`from_uplink` recorded it).
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{DropReason, FAST_PATH_MARK, FLOW_FROM_OUTSIDE, FLOW_VIA_STACK, ForwardPath, IpKey};
+
+use crate::{config, flow, maps, packet, snat, steer};
+
+pub fn egress(ctx: &TcContext) -> i32 {
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    if unsafe { (*ctx.skb.skb).mark } == FAST_PATH_MARK {
+        ctx.set_mark(0);
+        return packet::PASS;
+    }
+    if !flow::is_ipv4(ctx) {
+        return packet::PASS;
+    }
+    let Ok((src, dst)) = flow::addresses(ctx) else { return packet::PASS };
+    let config = config::get();
+    if config.in_node_pods(dst) {
+        return maps::drop(ctx, DropReason::NotAPod);
+    }
+    // Only our pods' packets; never multicast or broadcast.
+    if !config.in_cluster(src) || dst[0] >= 224 {
+        return packet::PASS;
+    }
+    let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v4(src)) else { return packet::PASS };
+    let flow = match flow::Flow::parse(ctx) {
+        Ok(flow) => flow,
+        // Inside the cluster nothing is translated: fragments and other protocols go as they are.
+        Err(_) if config.in_cluster(dst) => return packet::PASS,
+        Err(reason) => return maps::drop(ctx, reason),
+    };
+    // SAFETY: a hash map value, valid while this program runs.
+    let (owner, known_peer) = unsafe { ((*pod).owner, (*pod).stack_peers != 0) };
+    if config.in_cluster(dst) {
+        steer::record(&flow.reply_key(), owner, FLOW_VIA_STACK);
+        if !known_peer {
+            // SAFETY: as above; one byte, written once.
+            unsafe { (*pod).stack_peers = 1 };
+        }
+        return packet::PASS;
+    }
+    if steer::has(&flow.key(), FLOW_FROM_OUTSIDE) {
+        return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
+    }
+    match snat::masquerade(ctx, &config, &flow, owner) {
+        Ok(()) => maps::forwarded(ctx, ForwardPath::Masqueraded, packet::PASS),
+        Err(reason) => maps::drop(ctx, reason),
+    }
+}
