@@ -17,7 +17,7 @@ pub const PROTO_UDP: u8 = 17;
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
 /// More-fragments flag and fragment offset: any of them set means this is a fragment.
-const FRAGMENT_BITS: u16 = 0x3fff;
+pub const FRAGMENT_BITS: u16 = 0x3fff;
 
 /// Where things are in an Ethernet + IPv4 frame.
 pub const IP_OFFSET: usize = EthHdr::LEN;

@@ -1,6 +1,6 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
 //! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
-//! `arp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`).
+//! `arp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`, `icmp_error.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -18,6 +18,8 @@ mod flow;
 mod from_pod;
 #[cfg(target_arch = "bpf")]
 mod from_uplink;
+#[cfg(target_arch = "bpf")]
+mod icmp_error;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]

@@ -6,7 +6,7 @@ use ebpf_common::{DatapathConfig, ForwardPath};
 
 use crate::{
     flow::{self, Flow},
-    maps, packet,
+    icmp_error, maps, packet,
     rewrite::{Side, rewrite},
     snat,
 };
@@ -14,8 +14,9 @@ use crate::{
 /// A packet to the node's own address.
 #[inline(always)]
 pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
-    // Not ours to judge: the node's own traffic (fragments, other protocols) goes on as is.
-    let Ok(flow) = Flow::parse(ctx) else { return packet::PASS };
+    // Without ports: an ICMP error may quote a masqueraded flow; the rest (fragments, other
+    // protocols) is the node's own traffic, not ours to judge.
+    let Ok(flow) = Flow::parse(ctx) else { return icmp_error::translate(ctx, config) };
     // Masquerade never hands out a port outside its range: a packet to any other port is for a
     // socket of the node's, whatever `NAT` holds. (An echo reply's identifier is its port.)
     if !config.is_masq_port(flow.dst_port) {

@@ -219,6 +219,19 @@ fn crafted_frames_get_their_documented_verdicts() {
         assert_eq!(back[at..at + 2], u16::to_be_bytes(restored), "{what}: reply's port");
         assert!(checksums_valid(&back), "{what}: checksums of the translated reply");
     }
+    // An ICMP error quoting a masqueraded packet (fragmentation needed: path MTU discovery)
+    // reaches the pod with the quoted packet translated back, every checksum right.
+    let sent = to_uplink("UDP with a checksum", with_checksums(a_to(ext, &[], 0)), TC_ACT_UNSPEC, None);
+    let icmp = [&[3, 4, 0, 0, 0, 0, 0x05, 0x78][..], &sent[14..]].concat();
+    let error = from_ext(1, &icmp);
+    let back = from_uplink("fragmentation needed", error, TC_ACT_UNSPEC, None);
+    assert_eq!(back[30..34], a.ip.octets(), "ICMP error not sent on to the pod");
+    assert!(checksums_valid(&back), "ICMP error's own checksums");
+    let quoted = [&back[..14], &back[42..]].concat();
+    assert_eq!(quoted[26..30], a.ip.octets(), "quoted source address");
+    assert_eq!(quoted[34..36], 40000u16.to_be_bytes(), "quoted source port");
+    assert!(checksums_valid(&quoted), "quoted packet's checksums");
+
     // A packet to the node on a port outside the range is the node's, whatever NAT holds.
     from_uplink("to a node port below the range", from_ext(UDP, &udp(53, 40000, b"?")), TC_ACT_UNSPEC, None);
 

@@ -1,0 +1,171 @@
+//! ICMP errors about masqueraded flows (destination unreachable, fragmentation needed, time
+//! exceeded, parameter problem) come back to the node's address and quote the packet as it left:
+//! from the node's address and port. They are translated back like replies, inner header
+//! included, so that the pod learns the path MTU or that the peer is gone, and handed to the
+//! stack, whose conntrack relates them to the pod's flow.
+//!
+//! Every checksum stays right: the quoted IPv4 header's and its UDP/TCP checksum (when quoted)
+//! are updated with the bytes they cover, and the ICMP checksum with every byte changed.
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{DatapathConfig, DropReason, ForwardPath};
+use network_types::ip::Ipv4Hdr;
+
+use crate::{
+    flow::{self, IP_OFFSET, PROTO_ICMP, PROTO_TCP, PROTO_UDP},
+    maps, packet,
+};
+
+const DEST_UNREACHABLE: u8 = 3;
+const TIME_EXCEEDED: u8 = 11;
+const PARAMETER_PROBLEM: u8 = 12;
+const ECHO_REQUEST: u8 = 8;
+/// ICMP header: type, code, checksum, 4 more bytes; the quoted packet follows.
+const ICMP_HEADER_LEN: usize = 8;
+
+/// Translates an ICMP error to the node back to the pod whose masqueraded flow it quotes;
+/// anything else goes on to the node unchanged.
+#[inline(always)]
+pub fn translate(ctx: &TcContext, config: &DatapathConfig) -> i32 {
+    let Ok(ip) = ctx.load::<Ipv4Hdr>(IP_OFFSET) else { return packet::PASS };
+    if ip.proto != PROTO_ICMP || u16::from_be_bytes(ip.frags) & flow::FRAGMENT_BITS != 0 {
+        return packet::PASS;
+    }
+    let l4 = IP_OFFSET + usize::from(ip.ihl());
+    let Ok(icmp_type) = ctx.load::<u8>(l4) else { return packet::PASS };
+    if !matches!(icmp_type, DEST_UNREACHABLE | TIME_EXCEEDED | PARAMETER_PROBLEM) {
+        return packet::PASS;
+    }
+    match rewrite(ctx, config, l4) {
+        Ok(true) => maps::forwarded(ctx, ForwardPath::ReplyToPod, packet::PASS),
+        Ok(false) => packet::PASS,
+        Err(reason) => maps::drop(ctx, reason),
+    }
+}
+
+#[inline(always)]
+fn rewrite(ctx: &TcContext, config: &DatapathConfig, l4: usize) -> Result<bool, DropReason> {
+    let inner_at = l4 + ICMP_HEADER_LEN;
+    let Ok(inner) = ctx.load::<Ipv4Hdr>(inner_at) else { return Ok(false) };
+    if inner.src_addr != config.node_ipv4 {
+        return Ok(false);
+    }
+    let inner_l4 = inner_at + usize::from(inner.ihl());
+    let quoted: [u8; 8] = ctx.load(inner_l4).map_err(|_| DropReason::Malformed)?;
+    // Where the quoted packet keeps its source port (an echo request: its identifier).
+    let (port_at, src_port, dst_port) = match inner.proto {
+        PROTO_TCP | PROTO_UDP => (
+            inner_l4,
+            u16::from_be_bytes([quoted[0], quoted[1]]),
+            u16::from_be_bytes([quoted[2], quoted[3]]),
+        ),
+        PROTO_ICMP if quoted[0] == ECHO_REQUEST => (inner_l4 + 4, u16::from_be_bytes([quoted[4], quoted[5]]), 0),
+        _ => return Ok(false),
+    };
+    // The key a reply to the quoted packet would have: it finds the pod's address and port.
+    let key = flow::key(inner.proto, inner.dst_addr, dst_port, config.node_ipv4, src_port);
+    // SAFETY: the value is copied out at once.
+    let Some(entry) = (unsafe { maps::NAT.get(&key).copied() }) else { return Ok(false) };
+    let (pod, pod_port) = (flow::v4_from_16(entry.addr), entry.port);
+    let icmp_csum_at = l4 + 2;
+    let mut icmp_delta = Delta::default();
+
+    // The quoted source address, and the quoted header's checksum with it; both are in the ICMP
+    // message, so the ICMP checksum sees the first change and the second undoes it.
+    let addr_delta = Delta::of(&config.node_ipv4, &pod);
+    store(ctx, inner_at + core::mem::offset_of!(Ipv4Hdr, src_addr), &pod)?;
+    let inner_csum_at = inner_at + core::mem::offset_of!(Ipv4Hdr, check);
+    update_checksum(ctx, inner_csum_at, addr_delta, &mut icmp_delta)?;
+    icmp_delta.add(addr_delta);
+
+    // The quoted source port (or echo identifier).
+    let port_delta = Delta::of(&src_port.to_be_bytes(), &pod_port.to_be_bytes());
+    store(ctx, port_at, &pod_port.to_be_bytes())?;
+    icmp_delta.add(port_delta);
+    // The quoted UDP or TCP checksum covers both (pseudo-header): updated when it was quoted
+    // (TCP's is past the first 8 bytes) and, for UDP, unless 0 ("none").
+    let l4_csum_at = match inner.proto {
+        PROTO_UDP if quoted[6] | quoted[7] != 0 => Some(inner_l4 + 6),
+        PROTO_TCP => Some(inner_l4 + 16),
+        PROTO_ICMP => Some(inner_l4 + 2),
+        _ => None,
+    };
+    if let Some(at) = l4_csum_at {
+        // ICMP's own checksum has no pseudo-header.
+        let covered = if inner.proto == PROTO_ICMP { port_delta } else { addr_delta.plus(port_delta) };
+        // Not quoted that far: nothing to update.
+        if ctx.load::<[u8; 2]>(at).is_ok() {
+            update_checksum(ctx, at, covered, &mut icmp_delta)?;
+        }
+    }
+    icmp_delta.apply(ctx, icmp_csum_at)?;
+
+    // The outer destination, as for any reply (the ICMP checksum does not cover it).
+    let (from, to) = (u64::from(u32::from_ne_bytes(config.node_ipv4)), u64::from(u32::from_ne_bytes(pod)));
+    ctx.l3_csum_replace(IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, check), from, to, 4)
+        .map_err(|_| DropReason::Malformed)?;
+    store(ctx, IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, dst_addr), &pod)?;
+    Ok(true)
+}
+
+#[inline(always)]
+fn store<const N: usize>(ctx: &TcContext, at: usize, bytes: &[u8; N]) -> Result<(), DropReason> {
+    ctx.store(at, bytes, 0).map_err(|_| DropReason::Malformed)
+}
+
+/// Updates the checksum at `at` for data that changed by `delta`, and records in `outer` how the
+/// checksum field itself changed (it lies inside the ICMP message).
+#[inline(always)]
+fn update_checksum(ctx: &TcContext, at: usize, delta: Delta, outer: &mut Delta) -> Result<(), DropReason> {
+    let old: [u8; 2] = ctx.load(at).map_err(|_| DropReason::Malformed)?;
+    let new = delta.applied_to(old);
+    store(ctx, at, &new)?;
+    outer.add(Delta::of(&old, &new));
+    Ok(())
+}
+
+/// How a one's-complement sum changes: the sum of the new 16-bit words minus the old (RFC 1624).
+#[derive(Clone, Copy, Default)]
+struct Delta(u32);
+
+impl Delta {
+    #[inline(always)]
+    fn of<const N: usize>(old: &[u8; N], new: &[u8; N]) -> Self {
+        let mut sum = 0u32;
+        let mut i = 0;
+        while i + 1 < N {
+            sum += u32::from(!u16::from_be_bytes([old[i], old[i + 1]]));
+            sum += u32::from(u16::from_be_bytes([new[i], new[i + 1]]));
+            i += 2;
+        }
+        Self(sum)
+    }
+
+    #[inline(always)]
+    fn add(&mut self, other: Delta) {
+        self.0 = fold(self.0 + other.0);
+    }
+
+    #[inline(always)]
+    fn plus(self, other: Delta) -> Delta {
+        Delta(fold(self.0 + other.0))
+    }
+
+    /// A checksum field (the complement of the sum) after its data changed by this delta.
+    #[inline(always)]
+    fn applied_to(self, checksum: [u8; 2]) -> [u8; 2] {
+        let sum = u32::from(!u16::from_be_bytes(checksum)) + self.0;
+        (!(fold(sum) as u16)).to_be_bytes()
+    }
+
+    #[inline(always)]
+    fn apply(self, ctx: &TcContext, at: usize) -> Result<(), DropReason> {
+        let old: [u8; 2] = ctx.load(at).map_err(|_| DropReason::Malformed)?;
+        store(ctx, at, &self.applied_to(old))
+    }
+}
+
+#[inline(always)]
+fn fold(mut sum: u32) -> u32 {
+    sum = (sum & 0xffff) + (sum >> 16);
+    (sum & 0xffff) + (sum >> 16)
+}
