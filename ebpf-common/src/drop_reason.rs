@@ -15,8 +15,9 @@ pub enum DropReason {
     RedirectFailed = 5,
     /// Masquerade found no free port for a new flow (all tries taken by live flows).
     NatPortsExhausted = 6,
-    /// Masquerade cannot translate it: an IP fragment, an ICMP type other than echo, or a
-    /// protocol other than TCP, UDP and ICMP. Dropped rather than leaked with the pod's address.
+    /// Masquerade cannot translate it: a later fragment whose first fragment was not seen, an
+    /// ICMP type other than echo, or a protocol other than TCP, UDP and ICMP. Dropped rather
+    /// than leaked with the pod's address.
     NatUntranslatable = 7,
     /// To an address of this node's pod subnet that is no pod's (the gateway address, the
     /// broadcast, an unassigned one), about to leave through the uplink: it never leaves the

@@ -37,6 +37,7 @@ pub mod names {
     pub const FORWARDED: &str = "FORWARDED";
     pub const NAT: &str = "NAT";
     pub const FLOWS: &str = "FLOWS";
+    pub const FRAGMENTS: &str = "FRAGMENTS";
     pub const SETTINGS: &str = "SETTINGS";
     /// The global holding [`crate::DatapathConfig`].
     pub const CONFIG: &str = "CONFIG";
@@ -51,5 +52,7 @@ mod pod {
     unsafe impl aya::Pod for crate::FlowKey {}
     unsafe impl aya::Pod for crate::NatEntry {}
     unsafe impl aya::Pod for crate::FlowEntry {}
+    unsafe impl aya::Pod for crate::FragmentKey {}
+    unsafe impl aya::Pod for crate::FragmentEntry {}
     unsafe impl aya::Pod for crate::DatapathConfig {}
 }

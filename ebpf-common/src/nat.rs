@@ -42,3 +42,29 @@ pub const NAT_TIMEOUT_ICMP_NS: u64 = 30 * 1_000_000_000;
 /// port: only the range is kept clear of the node's sockets). 32 tries find a free port with
 /// probability above 1 − 0.9³² ≈ 97 % even when 90 % of the range is taken for that destination.
 pub const NAT_PORT_TRIES: u32 = 32;
+
+/// A fragmented datagram whose first fragment was translated, as its later fragments (which
+/// carry no ports) show it: protocol, addresses as on the wire, IPv4 identification.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragmentKey {
+    pub family: u8,
+    pub protocol: u8,
+    pub pad: [u8; 2],
+    /// The IPv4 identification (IPv6's fragment header has 32 bits).
+    pub id: u32,
+    pub src_addr: [u8; 16],
+    pub dst_addr: [u8; 16],
+}
+
+/// The address a translated datagram's later fragments get: the node's on the way out (it
+/// replaces the source), the pod's on the way back (it replaces the destination).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FragmentEntry {
+    pub addr: [u8; 16],
+}
+
+/// Capacity of `FRAGMENTS`: datagrams in flight in fragments at once, both ways. LRU: a datagram
+/// is done within milliseconds, and the oldest is forgotten first. 4 Ki entries of 40 + 16 bytes.
+pub const FRAGMENTS_MAX_ENTRIES: u32 = 4_096;

@@ -18,6 +18,8 @@ const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
 /// More-fragments flag and fragment offset: any of them set means this is a fragment.
 pub const FRAGMENT_BITS: u16 = 0x3fff;
+const MORE_FRAGMENTS: u16 = 0x2000;
+const FRAGMENT_OFFSET: u16 = 0x1fff;
 
 /// Where things are in an Ethernet + IPv4 frame.
 pub const IP_OFFSET: usize = EthHdr::LEN;
@@ -34,14 +36,18 @@ pub struct Flow {
     pub l4: usize,
     /// TCP's flags byte (FIN 0x01, SYN 0x02, RST 0x04, …), 0 for other protocols.
     pub tcp_flags: u8,
+    /// The first fragment of a fragmented datagram: the later ones carry no ports and are
+    /// translated by the IPv4 identification `ip_id` (`fragments.rs`).
+    pub first_fragment: bool,
+    pub ip_id: u16,
 }
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_RST: u8 = 0x04;
 
 impl Flow {
-    /// Reads the flow of an IPv4 packet. Fragments, ICMP other than echo and other protocols
-    /// have no ports to translate: `NatUntranslatable`.
+    /// Reads the flow of an IPv4 packet. Fragments other than the first, ICMP other than echo
+    /// and other protocols have no ports to translate: `NatUntranslatable`.
     #[inline(always)]
     pub fn parse(ctx: &TcContext) -> Result<Self, DropReason> {
         let ip: Ipv4Hdr = ctx.load(IP_OFFSET).map_err(|_| DropReason::Malformed)?;
@@ -49,7 +55,8 @@ impl Flow {
         if header_len < Ipv4Hdr::LEN {
             return Err(DropReason::Malformed);
         }
-        if u16::from_be_bytes(ip.frags) & FRAGMENT_BITS != 0 {
+        let frags = u16::from_be_bytes(ip.frags);
+        if frags & FRAGMENT_OFFSET != 0 {
             return Err(DropReason::NatUntranslatable);
         }
         let l4 = IP_OFFSET + header_len;
@@ -76,7 +83,17 @@ impl Flow {
             }
             _ => return Err(DropReason::NatUntranslatable),
         };
-        Ok(Self { protocol: ip.proto, src: ip.src_addr, dst: ip.dst_addr, src_port, dst_port, l4, tcp_flags })
+        Ok(Self {
+            protocol: ip.proto,
+            src: ip.src_addr,
+            dst: ip.dst_addr,
+            src_port,
+            dst_port,
+            l4,
+            tcp_flags,
+            first_fragment: frags & MORE_FRAGMENTS != 0,
+            ip_id: u16::from_be_bytes(ip.id),
+        })
     }
 
     /// The key of this packet as it is on the wire.

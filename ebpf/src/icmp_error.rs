@@ -53,11 +53,9 @@ fn rewrite(ctx: &TcContext, config: &DatapathConfig, l4: usize) -> Result<bool, 
     let quoted: [u8; 8] = ctx.load(inner_l4).map_err(|_| DropReason::Malformed)?;
     // Where the quoted packet keeps its source port (an echo request: its identifier).
     let (port_at, src_port, dst_port) = match inner.proto {
-        PROTO_TCP | PROTO_UDP => (
-            inner_l4,
-            u16::from_be_bytes([quoted[0], quoted[1]]),
-            u16::from_be_bytes([quoted[2], quoted[3]]),
-        ),
+        PROTO_TCP | PROTO_UDP => {
+            (inner_l4, u16::from_be_bytes([quoted[0], quoted[1]]), u16::from_be_bytes([quoted[2], quoted[3]]))
+        }
         PROTO_ICMP if quoted[0] == ECHO_REQUEST => (inner_l4 + 4, u16::from_be_bytes([quoted[4], quoted[5]]), 0),
         _ => return Ok(false),
     };

@@ -1,6 +1,7 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
 //! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
-//! `arp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`, `icmp_error.rs`).
+//! `arp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`, `icmp_error.rs`,
+//! `fragments.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -14,6 +15,8 @@ mod deliver;
 mod fib;
 #[cfg(target_arch = "bpf")]
 mod flow;
+#[cfg(target_arch = "bpf")]
+mod fragments;
 #[cfg(target_arch = "bpf")]
 mod from_pod;
 #[cfg(target_arch = "bpf")]

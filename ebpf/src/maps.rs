@@ -6,8 +6,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use ebpf_common::{
-    Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FlowEntry, FlowKey,
-    ForwardPath, IpKey, NAT_MAX_ENTRIES, NatEntry,
+    Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
+    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, IpKey, NAT_MAX_ENTRIES, NatEntry,
 };
 
 /// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
@@ -17,6 +17,10 @@ pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize 
 /// Masqueraded flows, both directions (see `snat.rs`, `rev_snat.rs`). LRU: a full map forgets the oldest flow.
 #[btf_map]
 pub static NAT: LruHashMap<FlowKey, NatEntry, { NAT_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+/// Fragmented masqueraded datagrams, both ways (see `fragments.rs`). LRU.
+#[btf_map]
+pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentEntry, { FRAGMENTS_MAX_ENTRIES as usize }> = LruHashMap::new();
 
 /// Flows the node's stack handled, keyed by their replies (see `steer.rs`). LRU.
 #[btf_map]

@@ -6,7 +6,7 @@ use ebpf_common::{DatapathConfig, ForwardPath};
 
 use crate::{
     flow::{self, Flow},
-    icmp_error, maps, packet,
+    fragments, icmp_error, maps, packet,
     rewrite::{Side, rewrite},
     snat,
 };
@@ -14,9 +14,11 @@ use crate::{
 /// A packet to the node's own address.
 #[inline(always)]
 pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
-    // Without ports: an ICMP error may quote a masqueraded flow; the rest (fragments, other
-    // protocols) is the node's own traffic, not ours to judge.
-    let Ok(flow) = Flow::parse(ctx) else { return icmp_error::translate(ctx, config) };
+    // Without ports: a later fragment or an ICMP error may belong to a masqueraded flow; the
+    // rest is the node's own traffic, not ours to judge.
+    let Ok(flow) = Flow::parse(ctx) else {
+        return fragments::ingress(ctx).unwrap_or_else(|| icmp_error::translate(ctx, config));
+    };
     // Masquerade never hands out a port outside its range: a packet to any other port is for a
     // socket of the node's, whatever `NAT` holds. (An echo reply's identifier is its port.)
     if !config.is_masq_port(flow.dst_port) {
@@ -28,8 +30,12 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
         snat::touch(entry, bpf_ktime_get_ns(), flow.closes());
         *entry
     };
-    match rewrite(ctx, &flow, Side::Destination, flow::v4_from_16(entry.addr), entry.port) {
-        Ok(()) => maps::forwarded(ctx, ForwardPath::ReplyToPod, packet::PASS),
-        Err(reason) => maps::drop(ctx, reason),
+    let pod = flow::v4_from_16(entry.addr);
+    if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod, entry.port) {
+        return maps::drop(ctx, reason);
     }
+    if flow.first_fragment {
+        fragments::remember(&flow, pod);
+    }
+    maps::forwarded(ctx, ForwardPath::ReplyToPod, packet::PASS)
 }

@@ -19,9 +19,9 @@ pub enum Side {
 /// Sets `side` of the packet's flow to `addr:port`.
 #[inline(always)]
 pub fn rewrite(ctx: &TcContext, flow: &Flow, side: Side, addr: [u8; 4], port: u16) -> Result<(), DropReason> {
-    let (addr_at, old_addr, old_port) = match side {
-        Side::Source => (IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, src_addr), flow.src, flow.src_port),
-        Side::Destination => (IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, dst_addr), flow.dst, flow.dst_port),
+    let (old_addr, old_port) = match side {
+        Side::Source => (flow.src, flow.src_port),
+        Side::Destination => (flow.dst, flow.dst_port),
     };
     // Where the port and the L4 checksum are; ICMP echo's identifier stands in for the port,
     // and ICMP's checksum does not cover the IP addresses.
@@ -49,7 +49,19 @@ pub fn rewrite(ctx: &TcContext, flow: &Flow, side: Side, addr: [u8; 4], port: u1
         ctx.l4_csum_replace(csum_at, from_port, to_port, mangled | 2).map_err(|_| DropReason::Malformed)?;
         ctx.store(port_at, &port.to_be_bytes(), 0).map_err(|_| DropReason::Malformed)?;
     }
-    ctx.l3_csum_replace(IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, check), from_addr, to_addr, 4)
+    rewrite_address(ctx, side, old_addr, addr)
+}
+
+/// Sets `side`'s address (now `old`) to `addr`, fixing the IPv4 header checksum only: for what
+/// has no L4 header to fix (later fragments) or had it fixed already.
+#[inline(always)]
+pub fn rewrite_address(ctx: &TcContext, side: Side, old: [u8; 4], addr: [u8; 4]) -> Result<(), DropReason> {
+    let addr_at = match side {
+        Side::Source => IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, src_addr),
+        Side::Destination => IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, dst_addr),
+    };
+    let (from, to) = (u64::from(u32::from_ne_bytes(old)), u64::from(u32::from_ne_bytes(addr)));
+    ctx.l3_csum_replace(IP_OFFSET + core::mem::offset_of!(Ipv4Hdr, check), from, to, 4)
         .map_err(|_| DropReason::Malformed)?;
     ctx.store(addr_at, &addr, 0).map_err(|_| DropReason::Malformed)
 }

@@ -39,10 +39,11 @@ pub fn has(key: &FlowKey, flag: u32) -> bool {
 
 /// Whether the packet must go through the stack: its flow was recorded, or it has no ports to
 /// tell its flow by (an ICMP error, a fragment, another protocol) and so might belong to one.
+/// (All fragments alike: the stack reassembles a datagram only when it sees all of them.)
 #[inline(always)]
 pub fn via_stack(ctx: &TcContext) -> bool {
     match Flow::parse(ctx) {
-        Ok(flow) => has(&flow.key(), FLOW_VIA_STACK),
-        Err(_) => true,
+        Ok(flow) if !flow.first_fragment => has(&flow.key(), FLOW_VIA_STACK),
+        _ => true,
     }
 }

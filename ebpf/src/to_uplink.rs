@@ -5,12 +5,13 @@
 //! 3. A pod's packet to another node that came through the stack (a Service's remote
 //!    endpoint, after kube-proxy's DNAT) records its flow, so its replies go back through the
 //!    stack too (`steer.rs`).
-//! 4. A pod's packet to the outside is masqueraded (`snat.rs`), unless it is a reply in a flow
-//!    opened from outside the cluster towards the pod's own address (`from_uplink` recorded it).
+//! 4. A pod's packet to the outside is masqueraded (`snat.rs`, later fragments `fragments.rs`),
+//!    unless it is a reply in a flow opened from outside the cluster towards the pod's own
+//!    address (`from_uplink` recorded it).
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, FAST_PATH_MARK, FLOW_FROM_OUTSIDE, FLOW_VIA_STACK, ForwardPath, IpKey};
 
-use crate::{config, flow, maps, packet, snat, steer};
+use crate::{config, flow, fragments, maps, packet, snat, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -35,6 +36,7 @@ pub fn egress(ctx: &TcContext) -> i32 {
         Ok(flow) => flow,
         // Inside the cluster nothing is translated: fragments and other protocols go as they are.
         Err(_) if config.in_cluster(dst) => return packet::PASS,
+        Err(DropReason::NatUntranslatable) => return fragments::egress(ctx),
         Err(reason) => return maps::drop(ctx, reason),
     };
     // SAFETY: a hash map value, valid while this program runs.
@@ -50,8 +52,11 @@ pub fn egress(ctx: &TcContext) -> i32 {
     if steer::has(&flow.key(), FLOW_FROM_OUTSIDE) {
         return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
     }
-    match snat::masquerade(ctx, &config, &flow, owner) {
-        Ok(()) => maps::forwarded(ctx, ForwardPath::Masqueraded, packet::PASS),
-        Err(reason) => maps::drop(ctx, reason),
+    if let Err(reason) = snat::masquerade(ctx, &config, &flow, owner) {
+        return maps::drop(ctx, reason);
     }
+    if flow.first_fragment {
+        fragments::remember(&flow, config.node_ipv4);
+    }
+    maps::forwarded(ctx, ForwardPath::Masqueraded, packet::PASS)
 }

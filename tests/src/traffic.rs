@@ -89,7 +89,7 @@ pub fn ask_tcp(stream: &mut TcpStream) -> Result<String> {
 
 /// Receives one datagram (or times out); returns its source and contents.
 pub fn recv_udp(socket: &UdpSocket) -> Result<(SocketAddr, Vec<u8>)> {
-    let mut buf = [0u8; 1500];
+    let mut buf = vec![0u8; 65_536];
     let (n, from) = socket.recv_from(&mut buf)?;
     Ok((from, buf[..n].to_vec()))
 }

@@ -6,7 +6,7 @@ use std::{ffi::CString, net::Ipv4Addr};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use ebpf_cni_tests::{
     Cluster, EXT_SERVER, NODE1_UPLINK_IP, Testbed,
-    frames::{checksums_valid, with_checksums},
+    frames::{checksum, checksums_valid, with_checksums},
     traffic::in_netns,
 };
 use ebpf_common::DropReason;
@@ -178,7 +178,17 @@ fn crafted_frames_get_their_documented_verdicts() {
     };
     let out = to_uplink("UDP with IP options", a_to(ext, &[1, 1, 1, 1], 0), TC_ACT_UNSPEC, None);
     assert_eq!(out[26..30], node_ip.octets(), "masqueraded source");
-    to_uplink("fragment", a_to(ext, &[], 0x2000), TC_ACT_SHOT, Some(DropReason::NatUntranslatable));
+    // Fragments: the first finds the flow by its ports, the later ones follow it by their
+    // identification; a later one with no first seen cannot be translated.
+    let first = to_uplink("first fragment", a_to(ext, &[], 0x2000), TC_ACT_UNSPEC, None);
+    assert_eq!(first[26..30], node_ip.octets(), "first fragment's source");
+    let later = to_uplink("later fragment", a_to(ext, &[], 185), TC_ACT_UNSPEC, None);
+    assert_eq!(later[26..30], node_ip.octets(), "later fragment's source");
+    assert_eq!(later[34..], a_to(ext, &[], 185)[34..], "a later fragment's payload is not a header");
+    let mut orphan = a_to(ext, &[], 185);
+    orphan[18..20].copy_from_slice(&[0x77, 0x77]);
+    let orphan = with_checksums_ip_only(orphan);
+    to_uplink("later fragment, first unseen", orphan, TC_ACT_SHOT, Some(DropReason::NatUntranslatable));
     let gre = [from_a(ETH_IPV4), ipv4(a.ip, ext, 47, &[], 0, &[0; 8])].concat();
     to_uplink("GRE", gre, TC_ACT_SHOT, Some(DropReason::NatUntranslatable));
     let short_udp = [from_a(ETH_IPV4), ipv4(a.ip, ext, UDP, &[], 0, &[0; 4])].concat();
@@ -232,6 +242,16 @@ fn crafted_frames_get_their_documented_verdicts() {
     assert_eq!(quoted[34..36], 40000u16.to_be_bytes(), "quoted source port");
     assert!(checksums_valid(&quoted), "quoted packet's checksums");
 
+    // A reply in fragments: the first by its ports, the later ones by their identification.
+    let reply_first =
+        [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(ext, node_ip, UDP, &[], 0x2000, &udp(53, port, &[7; 64]))].concat();
+    let back = from_uplink("reply's first fragment", reply_first, TC_ACT_UNSPEC, None);
+    assert_eq!(back[30..34], a.ip.octets(), "reply's first fragment not translated");
+    let reply_later = [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(ext, node_ip, UDP, &[], 9, &[7; 64])].concat();
+    let back = from_uplink("reply's later fragment", reply_later, TC_ACT_UNSPEC, None);
+    assert_eq!(back[30..34], a.ip.octets(), "reply's later fragment not translated");
+    assert!(checksum(&back[14..34]) == 0, "later fragment's header checksum");
+
     // A packet to the node on a port outside the range is the node's, whatever NAT holds.
     from_uplink("to a node port below the range", from_ext(UDP, &udp(53, 40000, b"?")), TC_ACT_UNSPEC, None);
 
@@ -270,4 +290,13 @@ fn tcp(src_port: u16, dst_port: u16, flags: u8) -> Vec<u8> {
 
 fn icmp_echo(kind: u8, id: u16) -> Vec<u8> {
     [&[kind, 0, 0, 0][..], &id.to_be_bytes(), &[0, 1], b"ping"].concat()
+}
+
+/// Recomputes only the IPv4 header checksum of an Ethernet frame (a later fragment has no L4
+/// header to sum).
+fn with_checksums_ip_only(mut frame: Vec<u8>) -> Vec<u8> {
+    frame[24..26].fill(0);
+    let sum = checksum(&frame[14..34]);
+    frame[24..26].copy_from_slice(&sum.to_be_bytes());
+    frame
 }

@@ -260,3 +260,28 @@ fn a_killed_first_load_leaves_no_second_uplink_filter() {
     assert_eq!((filters("egress"), filters("ingress")), (0, 0));
     assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
 }
+
+#[test]
+fn datagrams_larger_than_the_mtu_cross_in_fragments() {
+    let Some(mut c) = cluster("datagrams_larger_than_the_mtu_cross_in_fragments", "mqf", "10.248.1.0/24") else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    let pod = node.new_pod().unwrap();
+    node.add(pod).unwrap();
+    let pod_ns = node.pods[pod].netns.name.clone();
+    // 4000 bytes of ICMP echo: three fragments out (pod MTU 1450), three back.
+    let ping = run_in(&pod_ns, "ping", &["-c", "1", "-W", "2", "-s", "4000", EXT_SERVER]);
+    assert!(ping.is_ok(), "a 4000-byte ping through masquerade: {ping:?}");
+    // And a UDP datagram of 6000 bytes each way, from a connected socket.
+    let udp_server = traffic::udp_socket(&c.ext.name, server(5354)).unwrap();
+    let client = traffic::udp_socket(&pod_ns, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    client.connect(server(5354)).unwrap();
+    client.send(&[7; 6000]).unwrap();
+    let (from, body) = recv_udp(&udp_server).unwrap();
+    assert_eq!((from.ip(), body.len()), (node_ip().into(), 6000), "the datagram arrived whole, masqueraded");
+    udp_server.send_to(&[9; 6000], from).unwrap();
+    let (_, reply) = recv_udp(&client).unwrap();
+    assert_eq!(reply.len(), 6000, "the reply arrived whole");
+    assert_eq!(node.drops(DropReason::NatUntranslatable).unwrap(), 0);
+}
