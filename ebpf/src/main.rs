@@ -1,7 +1,7 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
 //! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
 //! `arp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`, `icmp_error.rs`,
-//! `fragments.rs`).
+//! `fragments.rs`, `node_sockets.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -25,6 +25,8 @@ mod from_uplink;
 mod icmp_error;
 #[cfg(target_arch = "bpf")]
 mod maps;
+#[cfg(target_arch = "bpf")]
+mod node_sockets;
 #[cfg(target_arch = "bpf")]
 mod packet;
 #[cfg(target_arch = "bpf")]

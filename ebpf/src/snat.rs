@@ -19,7 +19,7 @@ use ebpf_common::{
 
 use crate::{
     flow::{self, Flow, PROTO_ICMP, PROTO_TCP},
-    maps,
+    maps, node_sockets,
     rewrite::{Side, rewrite},
 };
 
@@ -80,7 +80,7 @@ pub unsafe fn touch(entry: *mut NatEntry, now: u64, closes: bool) {
 /// entries. If the second cannot be written, the port claimed for the first is given back.
 #[inline(always)]
 fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
-    let port = random_port(flow, config, owner, now).ok_or(DropReason::NatPortsExhausted)?;
+    let port = claim_free_port(ctx, flow, config, owner, now)?;
     let egress =
         NatEntry { addr: ipv4_in_16(config.node_ipv4), port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
     if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_ANY)).is_err() {
@@ -98,6 +98,26 @@ fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, n
         port
     );
     Ok(port)
+}
+
+/// A port claimed for the flow that no socket of the node holds either: two searches of
+/// random ports, each giving back a port it finds held.
+#[inline(always)]
+fn claim_free_port(
+    ctx: &TcContext,
+    flow: &Flow,
+    config: &DatapathConfig,
+    owner: u64,
+    now: u64,
+) -> Result<u16, DropReason> {
+    for _ in 0..2 {
+        let port = random_port(flow, config, owner, now).ok_or(DropReason::NatPortsExhausted)?;
+        if !node_sockets::hold(ctx, flow, config.node_ipv4, port) {
+            return Ok(port);
+        }
+        let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
+    }
+    Err(DropReason::NatPortsExhausted)
 }
 
 /// What one random try needs, by value and compact (the callback's frame and the caller's

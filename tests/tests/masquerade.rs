@@ -285,3 +285,35 @@ fn datagrams_larger_than_the_mtu_cross_in_fragments() {
     assert_eq!(reply.len(), 6000, "the reply arrived whole");
     assert_eq!(node.drops(DropReason::NatUntranslatable).unwrap(), 0);
 }
+
+#[test]
+fn ports_a_node_socket_holds_are_never_handed_out() {
+    let Some(mut c) = cluster("ports_a_node_socket_holds_are_never_handed_out", "mqn", "10.248.1.0/24") else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    node.extra.insert("masqPortRange".into(), json!("40000-40001"));
+    let pods: Vec<usize> = (0..2).map(|_| node.new_pod().unwrap()).collect();
+    for &pod in &pods {
+        node.add(pod).unwrap();
+    }
+    // A node service bound into the range (as a hostNetwork pod might be).
+    let node_socket = traffic::udp_socket(&node.node.name, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 40_000)).unwrap();
+    let udp_server = traffic::udp_socket(&c.ext.name, server(5353)).unwrap();
+    let send_from = |pod: usize| {
+        let client = traffic::udp_socket(&node.pods[pod].netns.name, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+        client.unwrap().send_to(b"x", server(5353)).unwrap();
+    };
+    send_from(pods[0]);
+    let (from, _) = recv_udp(&udp_server).unwrap();
+    assert_eq!(from.port(), 40_001, "the port the node's socket holds was handed out");
+    // The only other port is the node's: the second pod's flow has none.
+    let before = node.drops(DropReason::NatPortsExhausted).unwrap();
+    send_from(pods[1]);
+    assert!(recv_udp(&udp_server).is_err(), "a flow got a port the node's socket holds");
+    assert_eq!(node.drops(DropReason::NatPortsExhausted).unwrap(), before + 1);
+    // A reply to the node's port is the node's.
+    udp_server.send_to(b"for the node", SocketAddrV4::new(node_ip(), 40_000)).unwrap();
+    let (_, body) = recv_udp(&node_socket).unwrap();
+    assert_eq!(body, b"for the node");
+}

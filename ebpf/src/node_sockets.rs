@@ -1,0 +1,43 @@
+//! The node's own sockets, as masquerade must see them: a port a node socket holds (a TCP
+//! listener or connection, a bound UDP socket) is never handed to a pod's flow, or the replies
+//! of one would be taken for the other's. Default ranges keep them apart already
+//! (`masqPortRange` above `ip_local_port_range`); this catches what binds into the range.
+use aya_ebpf::{
+    bindings::{BPF_F_CURRENT_NETNS, bpf_sock_tuple, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as Ipv4Tuple},
+    cty::c_void,
+    helpers::{bpf_sk_lookup_udp, bpf_sk_release, bpf_skc_lookup_tcp},
+    programs::TcContext,
+};
+
+use crate::flow::{Flow, PROTO_TCP, PROTO_UDP};
+
+/// Whether a socket of the node would receive a reply from the flow's destination to
+/// `node_ipv4:port`.
+#[inline(always)]
+pub fn hold(ctx: &TcContext, flow: &Flow, node_ipv4: [u8; 4], port: u16) -> bool {
+    // SAFETY: an all-zero tuple is valid; the IPv4 member is filled in next.
+    let mut tuple: bpf_sock_tuple = unsafe { core::mem::zeroed() };
+    tuple.__bindgen_anon_1.ipv4 = Ipv4Tuple {
+        saddr: u32::from_ne_bytes(flow.dst),
+        daddr: u32::from_ne_bytes(node_ipv4),
+        sport: flow.dst_port.to_be(),
+        dport: port.to_be(),
+    };
+    let size = core::mem::size_of::<Ipv4Tuple>() as u32;
+    let netns = BPF_F_CURRENT_NETNS as u64;
+    let skb = ctx.skb.skb.cast();
+    // SAFETY: helper calls with a valid tuple of `size` bytes; a socket found is released.
+    unsafe {
+        let socket = match flow.protocol {
+            // `skc`: listeners and request and time-wait sockets too, not only full ones.
+            PROTO_TCP => bpf_skc_lookup_tcp(skb, &mut tuple, size, netns, 0),
+            PROTO_UDP => bpf_sk_lookup_udp(skb, &mut tuple, size, netns, 0),
+            _ => return false,
+        };
+        if socket.is_null() {
+            return false;
+        }
+        bpf_sk_release(socket.cast::<c_void>());
+    }
+    true
+}
