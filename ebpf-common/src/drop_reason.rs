@@ -23,11 +23,13 @@ pub enum DropReason {
     /// broadcast, an unassigned one), about to leave through the uplink: it never leaves the
     /// node, where upstream routers would send it back (a loop) and with a pod's source.
     NotAPod = 8,
+    /// The pod already holds as many masqueraded flows as `masqFlowsPerPod` allows.
+    NatPodLimit = 9,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 9] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -36,6 +38,7 @@ impl DropReason {
         Self::NatPortsExhausted,
         Self::NatUntranslatable,
         Self::NotAPod,
+        Self::NatPodLimit,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -51,6 +54,7 @@ impl DropReason {
             Self::NatPortsExhausted => "nat-ports-exhausted",
             Self::NatUntranslatable => "nat-untranslatable",
             Self::NotAPod => "not-a-pod",
+            Self::NatPodLimit => "nat-pod-limit",
         }
     }
 

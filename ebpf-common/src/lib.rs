@@ -38,6 +38,7 @@ pub mod names {
     pub const NAT: &str = "NAT";
     pub const FLOWS: &str = "FLOWS";
     pub const FRAGMENTS: &str = "FRAGMENTS";
+    pub const POD_FLOWS: &str = "POD_FLOWS";
     pub const SETTINGS: &str = "SETTINGS";
     /// The global holding [`crate::DatapathConfig`].
     pub const CONFIG: &str = "CONFIG";

@@ -68,3 +68,7 @@ pub struct FragmentEntry {
 /// Capacity of `FRAGMENTS`: datagrams in flight in fragments at once, both ways. LRU: a datagram
 /// is done within milliseconds, and the oldest is forgotten first. 4 Ki entries of 40 + 16 bytes.
 pub const FRAGMENTS_MAX_ENTRIES: u32 = 4_096;
+
+/// Capacity of `POD_FLOWS` (attachment → masqueraded flows it holds): one entry per pod that
+/// masquerades, as many as `ENDPOINTS` has addresses. 8 + 8 bytes each.
+pub const POD_FLOWS_MAX_ENTRIES: u32 = crate::ENDPOINTS_MAX_ENTRIES;

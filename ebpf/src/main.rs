@@ -1,7 +1,7 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
 //! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
 //! `arp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`, `icmp_error.rs`,
-//! `fragments.rs`, `node_sockets.rs`).
+//! `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -29,6 +29,8 @@ mod maps;
 mod node_sockets;
 #[cfg(target_arch = "bpf")]
 mod packet;
+#[cfg(target_arch = "bpf")]
+mod pod_flows;
 #[cfg(target_arch = "bpf")]
 mod rev_snat;
 #[cfg(target_arch = "bpf")]

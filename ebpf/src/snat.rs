@@ -19,7 +19,7 @@ use ebpf_common::{
 
 use crate::{
     flow::{self, Flow, PROTO_ICMP, PROTO_TCP},
-    maps, node_sockets,
+    maps, node_sockets, pod_flows,
     rewrite::{Side, rewrite},
 };
 
@@ -72,6 +72,10 @@ pub unsafe fn touch(entry: *mut NatEntry, now: u64, closes: bool) {
         if closes && (*entry).closing == 0 {
             (*entry).closing = 1;
             (*entry).last_seen_ns = now;
+            // The reply entry is the flow's one count (both entries close together).
+            if (*entry).direction == NAT_REPLY {
+                pod_flows::release((*entry).owner);
+            }
         }
     }
 }
@@ -80,12 +84,23 @@ pub unsafe fn touch(entry: *mut NatEntry, now: u64, closes: bool) {
 /// entries. If the second cannot be written, the port claimed for the first is given back.
 #[inline(always)]
 fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
-    let port = claim_free_port(ctx, flow, config, owner, now)?;
+    let held = pod_flows::counter(owner).ok_or(DropReason::NatPortsExhausted)?;
+    if config.flows_per_pod != 0 && pod_flows::read(held) >= u64::from(config.flows_per_pod) {
+        return Err(DropReason::NatPodLimit);
+    }
+    let claimed = claim_free_port(ctx, flow, config, owner, now)?;
+    let port = claimed.port;
     let egress =
         NatEntry { addr: ipv4_in_16(config.node_ipv4), port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
     if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_ANY)).is_err() {
         let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
         return Err(DropReason::NatPortsExhausted);
+    }
+    if claimed.counts {
+        pod_flows::add(held);
+    }
+    if claimed.took_from != 0 {
+        pod_flows::release(claimed.took_from);
     }
     aya_log_ebpf::info!(
         ctx,
@@ -100,6 +115,16 @@ fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, n
     Ok(port)
 }
 
+/// A port claimed for a new flow, and how the pods' flow counts change with it.
+#[derive(Clone, Copy)]
+struct Claimed {
+    port: u16,
+    /// Whether the flow is a new one for its pod's count (not one it held and still counts).
+    counts: bool,
+    /// The attachment whose live-counted, idle flow the port was taken from (0: none).
+    took_from: u64,
+}
+
 /// A port claimed for the flow that no socket of the node holds either: two searches of
 /// random ports, each giving back a port it finds held.
 #[inline(always)]
@@ -109,13 +134,13 @@ fn claim_free_port(
     config: &DatapathConfig,
     owner: u64,
     now: u64,
-) -> Result<u16, DropReason> {
+) -> Result<Claimed, DropReason> {
     for _ in 0..2 {
-        let port = random_port(flow, config, owner, now).ok_or(DropReason::NatPortsExhausted)?;
-        if !node_sockets::hold(ctx, flow, config.node_ipv4, port) {
-            return Ok(port);
+        let claimed = random_port(flow, config, owner, now).ok_or(DropReason::NatPortsExhausted)?;
+        if !node_sockets::hold(ctx, flow, config.node_ipv4, claimed.port) {
+            return Ok(claimed);
         }
-        let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
+        let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, claimed.port));
     }
     Err(DropReason::NatPortsExhausted)
 }
@@ -128,6 +153,8 @@ struct PortSearch {
     port_min: u16,
     /// The claimed port, 0 while none is.
     found: u16,
+    counts: bool,
+    took_from: u64,
     span: u32,
     owner: u64,
     now: u64,
@@ -137,12 +164,14 @@ struct PortSearch {
 /// the callback once, where an open-coded loop made it walk every iteration into everything
 /// after it (114,399 instructions verified, ~90 ms of every first load, against 3,279).
 #[inline(always)]
-fn random_port(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Option<u16> {
+fn random_port(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Option<Claimed> {
     let mut search = PortSearch {
         flow: *flow,
         node_ipv4: config.node_ipv4,
         port_min: config.port_min,
         found: 0,
+        counts: false,
+        took_from: 0,
         span: u32::from(config.port_max.saturating_sub(config.port_min)) + 1,
         owner,
         now,
@@ -150,7 +179,7 @@ fn random_port(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Op
     let context: *mut PortSearch = &mut search;
     // SAFETY: the callback only reads and writes `search`, which outlives the call.
     unsafe { bpf_loop(NAT_PORT_TRIES, try_random_port as *mut c_void, context.cast(), 0) };
-    (search.found != 0).then_some(search.found)
+    (search.found != 0).then_some(Claimed { port: search.found, counts: search.counts, took_from: search.took_from })
 }
 
 /// One try of [`random_port`]; returns 1 (stop) once a port is claimed.
@@ -162,11 +191,22 @@ extern "C" fn try_random_port(_index: u64, context: *mut c_void) -> i64 {
     // `max(1)`: the compiler cannot see that `span` is never 0, and a remainder by 0 panics.
     let candidate = search.port_min.wrapping_add((random % search.span.max(1)) as u16);
     let reply = reply_entry(&search.flow, search.owner, search.now);
-    if claim(&search.flow, search.node_ipv4, candidate, &reply, search.now) {
-        search.found = candidate;
-        return 1;
+    match claim(&search.flow, search.node_ipv4, candidate, &reply, search.now) {
+        Claim::Refused => 0,
+        Claim::Free => {
+            (search.found, search.counts) = (candidate, true);
+            1
+        }
+        Claim::Ours { counted } => {
+            (search.found, search.counts) = (candidate, !counted);
+            1
+        }
+        Claim::Idle { owner, counted } => {
+            (search.found, search.counts) = (candidate, true);
+            search.took_from = if counted { owner } else { 0 };
+            1
+        }
     }
-    0
 }
 
 /// The reply entry of a new flow: what a reply's destination is rewritten back to.
@@ -183,24 +223,38 @@ fn reply_entry(flow: &Flow, owner: u64, now: u64) -> NatEntry {
     }
 }
 
+/// How [`claim`] went. `counted`: the entry it replaced still counted in its pod's flows (it
+/// had not closed).
+enum Claim {
+    Refused,
+    Free,
+    Ours { counted: bool },
+    Idle { owner: u64, counted: bool },
+}
+
 /// Takes `port` for the flow unless a live flow of another pod holds it.
 #[inline(always)]
-fn claim(flow: &Flow, node_ipv4: [u8; 4], port: u16, reply: &NatEntry, now: u64) -> bool {
+fn claim(flow: &Flow, node_ipv4: [u8; 4], port: u16, reply: &NatEntry, now: u64) -> Claim {
     // ICMP identifiers and ports are never 0 on the wire for a real flow.
     if port == 0 {
-        return false;
+        return Claim::Refused;
     }
     let key = reply_key(flow, node_ipv4, port);
     if maps::NAT.insert(&key, reply, u64::from(BPF_NOEXIST)).is_ok() {
-        return true;
+        return Claim::Free;
     }
-    let Some(held) = maps::NAT.get_ptr(&key) else { return false };
+    let Some(held) = maps::NAT.get_ptr(&key) else { return Claim::Refused };
     // SAFETY: an LRU value, read field by field (a copy would cost stack the callback of
     // `random_port` does not have).
-    let (ours, last_seen, closing) =
-        unsafe { ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns, (*held).closing) };
+    let (ours, last_seen, closing, owner) = unsafe {
+        ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns, (*held).closing, (*held).owner)
+    };
     let idle = now.saturating_sub(last_seen) > timeout(flow.protocol, closing != 0);
-    (ours || idle) && maps::NAT.insert(&key, reply, u64::from(BPF_ANY)).is_ok()
+    if !(ours || idle) || maps::NAT.insert(&key, reply, u64::from(BPF_ANY)).is_err() {
+        return Claim::Refused;
+    }
+    let counted = closing == 0;
+    if ours { Claim::Ours { counted } } else { Claim::Idle { owner, counted } }
 }
 
 /// The key a reply to the masqueraded flow arrives with: outside → node, ports swapped.

@@ -317,3 +317,61 @@ fn ports_a_node_socket_holds_are_never_handed_out() {
     let (_, body) = recv_udp(&node_socket).unwrap();
     assert_eq!(body, b"for the node");
 }
+
+#[test]
+fn one_pod_cannot_take_every_masqueraded_flow() {
+    let Some(mut c) = cluster("one_pod_cannot_take_every_masqueraded_flow", "mql", "10.248.1.0/24") else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    node.extra.insert("masqFlowsPerPod".into(), json!(2));
+    let pods: Vec<usize> = (0..2).map(|_| node.new_pod().unwrap()).collect();
+    for &pod in &pods {
+        node.add(pod).unwrap();
+    }
+    let servers: Vec<_> = (5353..5357).map(|port| traffic::udp_socket(&c.ext.name, server(port)).unwrap()).collect();
+    let reaches = |pod: usize, to: usize| {
+        let client = traffic::udp_socket(&node.pods[pod].netns.name, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+        client.unwrap().send_to(b"x", server(5353 + to as u16)).unwrap();
+        recv_udp(&servers[to]).is_ok()
+    };
+    assert!(reaches(pods[0], 0) && reaches(pods[0], 1), "the first two flows of a pod");
+    let before = node.drops(DropReason::NatPodLimit).unwrap();
+    assert!(!reaches(pods[0], 2), "a third flow over masqFlowsPerPod 2");
+    assert_eq!(node.drops(DropReason::NatPodLimit).unwrap(), before + 1);
+    assert!(reaches(pods[1], 2), "another pod is not starved");
+
+    // A TCP connection that closed gives its share back at once.
+    let listener = traffic::tcp_listener(&c.ext.name, server(8080)).unwrap();
+    let served = serve_tcp(listener, 1);
+    let mut stream = traffic::tcp_connect(&node.pods[pods[1]].netns.name, 0, server(8080)).unwrap();
+    ask_tcp(&mut stream).unwrap();
+    drop(stream);
+    served.join().unwrap().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(reaches(pods[1], 3), "the closed connection still counted against its pod");
+}
+
+#[test]
+fn a_closed_connection_gives_its_port_back_within_seconds() {
+    let Some(mut c) = cluster("a_closed_connection_gives_its_port_back_within_seconds", "mqc", "10.248.1.0/24") else {
+        return;
+    };
+    let node = &mut c.nodes[0];
+    // One port: the second connection to the same server needs the first one's.
+    node.extra.insert("masqPortRange".into(), json!("40000-40000"));
+    let pod = node.new_pod().unwrap();
+    node.add(pod).unwrap();
+    let pod_ns = node.pods[pod].netns.name.clone();
+    let listener = traffic::tcp_listener(&c.ext.name, server(8080)).unwrap();
+    let served = serve_tcp(listener, 2);
+    let mut first = traffic::tcp_connect(&pod_ns, 0, server(8080)).unwrap();
+    ask_tcp(&mut first).unwrap();
+    drop(first);
+    // FIN and RST make a flow's port free after 10 s (NAT_TIMEOUT_TCP_CLOSING_NS), not 2 h.
+    std::thread::sleep(std::time::Duration::from_millis(10_500));
+    let mut second = traffic::tcp_connect(&pod_ns, 0, server(8080)).unwrap();
+    let seen = ask_tcp(&mut second).unwrap();
+    assert_eq!(seen, format!("{NODE1_UPLINK_IP}:40000"), "the second connection");
+    served.join().unwrap().unwrap();
+}

@@ -20,7 +20,16 @@ use crate::{
 /// The TC object built from `ebpf/`, with BTF, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni"));
 
-const MAPS: [&str; 6] = [names::ENDPOINTS, names::METRICS, names::FORWARDED, names::NAT, names::FLOWS, names::SETTINGS];
+const MAPS: [&str; 8] = [
+    names::ENDPOINTS,
+    names::METRICS,
+    names::FORWARDED,
+    names::NAT,
+    names::FRAGMENTS,
+    names::POD_FLOWS,
+    names::FLOWS,
+    names::SETTINGS,
+];
 
 impl Datapath {
     /// Loads and pins the programs and maps unless an earlier ADD already did.

@@ -16,9 +16,29 @@ impl Datapath {
         self.remove_nat_where(|o| o == owner)
     }
 
-    /// Removes both entries of every flow whose owner `stale` picks; returns how many.
+    /// Removes both entries of every flow whose owner `stale` picks, and those owners' flow
+    /// counts; returns how many entries.
     pub fn remove_nat_where(&self, stale: impl Fn(u64) -> bool) -> CniResult<usize> {
-        self.remove_owned::<NatEntry>(names::NAT, |entry| entry.owner, stale)
+        let removed = self.remove_owned::<NatEntry>(names::NAT, |entry| entry.owner, &stale)?;
+        self.remove_pod_flows_where(&stale)?;
+        Ok(removed)
+    }
+
+    /// Removes the `POD_FLOWS` counts of the owners `stale` picks.
+    fn remove_pod_flows_where(&self, stale: impl Fn(u64) -> bool) -> CniResult<()> {
+        let path = self.pins.map(names::POD_FLOWS);
+        if !path.exists() {
+            return Ok(());
+        }
+        let data = MapData::from_pin(&path).cni(ErrorCode::DATAPATH, "cannot open pinned POD_FLOWS")?;
+        let map = Map::from_map_data(data).cni(ErrorCode::DATAPATH, "cannot open pinned POD_FLOWS")?;
+        let mut map: HashMap<_, u64, u64> =
+            HashMap::try_from(map).cni(ErrorCode::DATAPATH, "pinned POD_FLOWS has another layout")?;
+        let owners: Vec<u64> = map.keys().filter_map(Result::ok).filter(|o| stale(*o)).collect();
+        for owner in owners {
+            let _ = map.remove(&owner);
+        }
+        Ok(())
     }
 
     /// Removes what `FLOWS` knows of `owner`'s pod's flows; returns how many entries.

@@ -8,7 +8,10 @@ use ebpf_common::DatapathConfig;
 use ipnetwork::Ipv4Network;
 
 use crate::{
-    cni::{CniError, CniResult, Context, ErrorCode, config::NetConf},
+    cni::{
+        CniError, CniResult, Context, ErrorCode,
+        config::{DEFAULT_MASQ_FLOWS_PER_POD, NetConf},
+    },
     net::netlink::Netlink,
 };
 
@@ -50,6 +53,7 @@ impl Settings {
         config.uplink_ifindex = index;
         config.port_min = *ports.start();
         config.port_max = *ports.end();
+        config.flows_per_pod = conf.masq_flows_per_pod.unwrap_or(DEFAULT_MASQ_FLOWS_PER_POD);
         warn_if_not_forwarding();
         warn_if_ports_shared(&ports);
         Ok(Self { config, uplink: Some(uplink), log_level })
@@ -116,11 +120,12 @@ impl fmt::Display for Describe<'_> {
         }
         write!(
             f,
-            ", masquerade behind {} on ifindex {}, ports {}-{}",
+            ", masquerade behind {} on ifindex {}, ports {}-{}, {} flows per pod",
             Ipv4Addr::from(c.node_ipv4),
             c.uplink_ifindex,
             c.port_min,
-            c.port_max
+            c.port_max,
+            c.flows_per_pod
         )
     }
 }

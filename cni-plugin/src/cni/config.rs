@@ -18,6 +18,9 @@ pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ebpf-cni";
 /// masquerade never hands out a port the node's own sockets could be using.
 pub const DEFAULT_MASQ_PORTS: RangeInclusive<u16> = 61_000..=65_535;
 
+/// A quarter of `NAT`'s capacity: four busy pods can fill it, one cannot.
+pub const DEFAULT_MASQ_FLOWS_PER_POD: u32 = 8_192;
+
 /// Smallest MTU the kernel accepts for IPv4.
 const MIN_MTU: u32 = 68;
 
@@ -44,8 +47,11 @@ pub struct NetConf {
     /// The address masqueraded traffic leaves with. Default: the uplink's primary IPv4 address.
     #[serde(rename = "nodeIP")]
     pub node_ip: Option<Ipv4Addr>,
-    /// `"min-max"`: where masquerade looks for a port when a flow's own one is taken.
+    /// `"min-max"`: the ports masqueraded flows leave from.
     pub masq_port_range: Option<String>,
+    /// Masqueraded flows one pod may hold at once (0: no limit), so one pod cannot starve the
+    /// node's others of `NAT`'s 32 Ki flows. Default [`DEFAULT_MASQ_FLOWS_PER_POD`].
+    pub masq_flows_per_pod: Option<u32>,
     /// Root of our pins in bpffs; one directory per network below it.
     pub bpffs_root: Option<PathBuf>,
     /// Where the plugin's log lines go (appended), besides errors to stderr. Default: none.
