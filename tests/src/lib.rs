@@ -8,6 +8,7 @@ pub mod crash;
 mod fake_api;
 pub mod frames;
 mod guard;
+pub mod kube_proxy;
 mod plugin;
 mod privileges;
 pub mod prometheus;
