@@ -13,7 +13,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use ebpf_cni_tests::{
     EXT_SERVER,
     kube_proxy::{self, Flavour, Protocol, Service},
-    lan::{LAN_HOST, LAN_NODE_IPS, LAN_NODE_PORTS, Lan, LanPod},
+    lan::{LAN_HOST, LAN_NODE_IPS, LAN_NODE_PORTS, Lan, LanPod, PodNetwork},
     probe::{self, Servers},
     traffic::{PacketSocket, in_netns},
 };
@@ -242,6 +242,9 @@ fn run_suite(test: &str, flavour: Flavour, tag: &str, octet: u8) {
         println!("[{flavour:?}] FAIL {failure}");
     }
     failures.extend(leaked);
+    if lan.pod_network == PodNetwork::EbpfCni {
+        failures.extend(paths_taken(&lan, flavour));
+    }
     println!("{test}: {} checks, {} failed, {:.1?}", flows.len() + 3, failures.len(), started.elapsed());
     assert!(
         failures.is_empty(),
@@ -255,4 +258,32 @@ fn run_suite(test: &str, flavour: Flavour, tag: &str, octet: u8) {
 
 fn fmt_error(outcome: &anyhow::Result<()>) -> String {
     outcome.as_ref().err().map(|e| format!(": {e:#}")).unwrap_or_default()
+}
+
+/// The flows above took the paths the README describes: the fast ones where the stack never
+/// handled a flow (pod ↔ pod, across nodes through the uplink), the stack for flows it
+/// translated, and the counters say so. Lists what was never counted.
+fn paths_taken(lan: &Lan, flavour: Flavour) -> Vec<String> {
+    use ebpf_common::{DropReason, ForwardPath::*};
+    let mut missing = Vec::new();
+    for (node, path, why) in [
+        (0, PodToPod, "pod → pod on this node, straight in"),
+        (0, ToOtherNode, "pod → another node's pod, straight out of the uplink"),
+        (1, FromOtherNode, "another node's pod → pod, straight in from the uplink"),
+        (0, StackFlow, "a local Service endpoint's replies, through the stack"),
+        (0, UplinkToStack, "a remote Service endpoint's replies and the outside, through the stack"),
+        (0, Masqueraded, "pod → outside"),
+        (0, ReplyToPod, "masquerade's replies, translated back"),
+        (0, NotMasqueraded, "a pod's replies to the outside's flows"),
+    ] {
+        let count = lan.nodes[node].forwarded(path).unwrap_or(0);
+        println!("[{flavour:?}] node {} {:<16} {count}", node + 1, path.name());
+        if count == 0 {
+            missing.push(format!("node {}: nothing counted as {} ({why})", node + 1, path.name()));
+        }
+    }
+    if lan.nodes[0].drops(DropReason::NotAPod).unwrap_or(0) == 0 {
+        missing.push("node 1: nothing counted as not-a-pod (the leak probes)".into());
+    }
+    missing
 }
