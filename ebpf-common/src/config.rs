@@ -25,8 +25,8 @@ pub struct DatapathConfig {
     pub node_pods_ipv4: [u8; 4],
     pub node_pods_prefix: u8,
     pub pad2: [u8; 3],
-    /// Masqueraded flows one pod may hold at once (`POD_FLOWS`); 0: no limit.
-    pub flows_per_pod: u32,
+    /// New masqueraded flows one pod may open per minute (`POD_FLOWS`); 0: no limit.
+    pub pod_flows_per_minute: u32,
 }
 
 impl DatapathConfig {

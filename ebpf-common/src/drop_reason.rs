@@ -23,7 +23,7 @@ pub enum DropReason {
     /// broadcast, an unassigned one), about to leave through the uplink: it never leaves the
     /// node, where upstream routers would send it back (a loop) and with a pod's source.
     NotAPod = 8,
-    /// The pod already holds as many masqueraded flows as `masqFlowsPerPod` allows.
+    /// The pod opened as many masqueraded flows this minute as `masqPodFlowsPerMinute` allows.
     NatPodLimit = 9,
 }
 

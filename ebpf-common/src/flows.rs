@@ -24,10 +24,19 @@ pub struct FlowKey {
 pub struct FlowEntry {
     /// The attachment whose pod the flow belongs to: DEL removes its entries.
     pub owner: u64,
+    /// `bpf_ktime_get_ns` of the last packet seen either way (written at most once a second).
+    pub last_seen_ns: u64,
     /// [`FLOW_VIA_STACK`] and/or [`FLOW_FROM_OUTSIDE`].
     pub flags: u32,
     pub pad: u32,
 }
+
+/// How long a UDP or ICMP flow's entry holds without a packet: longer than conntrack keeps the
+/// flow (`nf_conntrack_udp_timeout_stream` 120 s, ICMP 30 s), so that no reply it would still
+/// translate takes a fast path. A TCP flow's entry holds until a SYN opens a new connection with
+/// its addresses and ports (the fast path then forgets it), DEL, or the LRU.
+pub const FLOW_TIMEOUT_UDP_NS: u64 = 180 * 1_000_000_000;
+pub const FLOW_TIMEOUT_ICMP_NS: u64 = 60 * 1_000_000_000;
 
 /// The node's stack delivered or sent this flow's other direction (netfilter may have
 /// translated it: a Service's DNAT, kube-proxy's masquerade): these packets go through the
@@ -39,10 +48,12 @@ pub const FLOW_FROM_OUTSIDE: u32 = 2;
 
 /// Capacity of `FLOWS`: flows a Service (or the outside) opened towards this node's pods, and
 /// flows this node's pods opened through the stack to other nodes. LRU: a full map forgets the
-/// least recently used. 64 Ki entries of 40 + 16 bytes, about 6 MiB of kernel memory.
-pub const FLOWS_MAX_ENTRIES: u32 = 65_536;
+/// least recently used, whose replies would then take a fast path untranslated: sized like a
+/// node's conntrack table (`nf_conntrack_max` is 131,072–262,144 on nodes of 16–32 GiB).
+/// 128 Ki entries of 40 + 24 bytes, about 15 MiB of kernel memory with the LRU's overhead.
+pub const FLOWS_MAX_ENTRIES: u32 = 131_072;
 
 /// `skb->mark` of a packet `from_pod` sent to another node by the FIB redirect: `to_uplink` then
-/// knows it did not come through the stack (and clears the mark). It never reaches netfilter.
-/// A value no other user of marks sets whole (kube-proxy uses the bits 0x4000 and 0x8000).
-pub const FAST_PATH_MARK: u32 = 0x0ec0_fa57;
+/// knows it did not come through the stack. It never reaches netfilter (the redirect skips it),
+/// and it has neither of kube-proxy's bits (0x4000 masquerade, 0x8000 drop) should it ever.
+pub const FAST_PATH_MARK: u32 = 0x0ec0_0a57;

@@ -55,5 +55,6 @@ mod pod {
     unsafe impl aya::Pod for crate::FlowEntry {}
     unsafe impl aya::Pod for crate::FragmentKey {}
     unsafe impl aya::Pod for crate::FragmentEntry {}
+    unsafe impl aya::Pod for crate::PodFlows {}
     unsafe impl aya::Pod for crate::DatapathConfig {}
 }

@@ -69,6 +69,18 @@ pub struct FragmentEntry {
 /// is done within milliseconds, and the oldest is forgotten first. 4 Ki entries of 40 + 16 bytes.
 pub const FRAGMENTS_MAX_ENTRIES: u32 = 4_096;
 
-/// Capacity of `POD_FLOWS` (attachment → masqueraded flows it holds): one entry per pod that
-/// masquerades, as many as `ENDPOINTS` has addresses. 8 + 8 bytes each.
+/// Masqueraded flows a pod opened in the current window (`POD_FLOWS`, keyed by owner).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodFlows {
+    /// `bpf_ktime_get_ns` when the window began.
+    pub window_start_ns: u64,
+    pub new_flows: u64,
+}
+
+/// The window `masqPodFlowsPerMinute` counts in.
+pub const POD_FLOWS_WINDOW_NS: u64 = 60 * 1_000_000_000;
+
+/// Capacity of `POD_FLOWS`: one entry per pod that masquerades, as many as `ENDPOINTS` has
+/// addresses. 8 + 16 bytes each.
 pub const POD_FLOWS_MAX_ENTRIES: u32 = crate::ENDPOINTS_MAX_ENTRIES;

@@ -15,7 +15,7 @@ static CONFIG: DatapathConfig = DatapathConfig {
     node_pods_ipv4: [0; 4],
     node_pods_prefix: 0,
     pad2: [0; 3],
-    flows_per_pod: 0,
+    pod_flows_per_minute: 0,
 };
 
 /// The settings. A volatile read, or the compiler would fold the zero initialiser.

@@ -6,8 +6,8 @@
 //! the pod; through another interface they would meet the node's conntrack having never seen
 //! the request, which kube-proxy's `--ctstate INVALID -j DROP` drops.
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams, bpf_redir_neigh},
-    helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
+    helpers::{bpf_fib_lookup, bpf_redirect},
     programs::TcContext,
 };
 use ebpf_common::{FAST_PATH_MARK, ForwardPath};
@@ -38,33 +38,18 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     let size = core::mem::size_of::<FibParams>() as i32;
     // SAFETY: `params` is a valid, writable lookup structure of `size` bytes.
     let found = unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), &mut params, size, 0) } as u32;
-    if found != BPF_FIB_LKUP_RET_SUCCESS && found != BPF_FIB_LKUP_RET_NO_NEIGH {
-        return to_stack(ctx);
-    }
-    if params.ifindex != config::get().uplink_ifindex {
+    // No neighbour entry yet (the kernel resolves it; this flow then takes the stack both ways,
+    // `to_uplink` records it), or another interface than the uplink.
+    if found != BPF_FIB_LKUP_RET_SUCCESS || params.ifindex != config::get().uplink_ifindex {
         return to_stack(ctx);
     }
     decrement_ttl(ip);
+    eth.dst_addr = params.dmac;
+    eth.src_addr = params.smac;
     // `to_uplink` must not take it for a packet of the stack's (see `steer.rs`).
     ctx.set_mark(FAST_PATH_MARK);
-    if found == BPF_FIB_LKUP_RET_SUCCESS {
-        eth.dst_addr = params.dmac;
-        eth.src_addr = params.smac;
-        // SAFETY: plain helper call.
-        let verdict = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
-        return maps::forwarded(ctx, ForwardPath::ToOtherNode, verdict);
-    }
-    // No neighbour entry yet: let the kernel resolve the next hop the FIB chose and send.
-    let mut next_hop = bpf_redir_neigh {
-        nh_family: u32::from(AF_INET),
-        // SAFETY: the FIB wrote the next hop's IPv4 address into `ipv4_dst`.
-        __bindgen_anon_1: aya_ebpf::bindings::bpf_redir_neigh__bindgen_ty_1 {
-            ipv4_nh: unsafe { params.__bindgen_anon_4.ipv4_dst },
-        },
-    };
-    let size = core::mem::size_of::<bpf_redir_neigh>() as i32;
-    // SAFETY: `next_hop` is a valid structure of `size` bytes.
-    let verdict = unsafe { bpf_redirect_neigh(params.ifindex, &mut next_hop, size, 0) as i32 };
+    // SAFETY: plain helper call.
+    let verdict = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
     maps::forwarded(ctx, ForwardPath::ToOtherNode, verdict)
 }
 

@@ -43,7 +43,9 @@ pub struct Flow {
 }
 
 pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
 
 impl Flow {
     /// Reads the flow of an IPv4 packet. Fragments other than the first, ICMP other than echo
@@ -107,6 +109,12 @@ impl Flow {
     #[inline(always)]
     pub fn reply_key(&self) -> FlowKey {
         key(self.protocol, self.dst, self.dst_port, self.src, self.src_port)
+    }
+
+    /// Whether this is a TCP segment that opens a connection (SYN without ACK).
+    #[inline(always)]
+    pub fn opens(&self) -> bool {
+        self.protocol == PROTO_TCP && self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     }
 
     /// Whether this is a TCP segment that ends its connection (FIN or RST).

@@ -63,7 +63,10 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     if peer.is_none() && (config.in_node_pods(dst) || !config.in_cluster(dst)) {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
-    if own.stack_replies != 0 && steer::via_stack(ctx) {
+    // `own.stack_replies`: its replies to flows the stack delivered; `peer.stack_replies` and
+    // `own.stack_peers`: a SYN that must forget the other direction's old entry (`steer.rs`).
+    let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| p.stack_replies) != 0;
+    if steer::via_stack(ctx, flagged) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }
     match peer {

@@ -6,10 +6,8 @@
 //!    handled the flow's other direction (`steer.rs`).
 //! 3. To a pod from outside the cluster: through the stack (its conntrack sees both ways), and
 //!    recorded so that the pod's replies keep its address (`to_uplink`).
-//! 4. To an address of this node's pod subnet that is no pod: dropped, as the stack would route
-//!    it straight back out.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, FLOW_FROM_OUTSIDE, ForwardPath, IpKey};
+use ebpf_common::{FLOW_FROM_OUTSIDE, ForwardPath, IpKey};
 
 use crate::{config, deliver, flow, maps, packet, rev_snat, steer};
 
@@ -22,19 +20,16 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     if dst == config.node_ipv4 {
         return rev_snat::reply(ctx, &config);
     }
-    let Some(pod) = maps::endpoint(&IpKey::v4(dst)) else {
-        if config.in_node_pods(dst) {
-            return maps::drop(ctx, DropReason::NotAPod);
-        }
-        return packet::PASS;
-    };
+    // Not one of our pods: the node's (an unassigned address of the pod subnet comes back out
+    // of the uplink, where `to_uplink` drops it).
+    let Some(pod) = maps::endpoint(&IpKey::v4(dst)) else { return packet::PASS };
     if !config.in_cluster(src) {
         if let Ok(flow) = flow::Flow::parse(ctx) {
             steer::record(&flow.reply_key(), pod.owner, FLOW_FROM_OUTSIDE);
         }
         return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
-    if pod.stack_peers != 0 && steer::via_stack(ctx) {
+    if steer::via_stack(ctx, pod.stack_peers | pod.stack_replies != 0) {
         return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
     deliver::into_pod(ctx, &pod, ForwardPath::FromOtherNode)

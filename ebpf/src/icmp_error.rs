@@ -7,7 +7,7 @@
 //! Every checksum stays right: the quoted IPv4 header's and its UDP/TCP checksum (when quoted)
 //! are updated with the bytes they cover, and the ICMP checksum with every byte changed.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, DropReason, ForwardPath};
+use ebpf_common::{DatapathConfig, DropReason, FlowKey, ForwardPath};
 use network_types::ip::Ipv4Hdr;
 
 use crate::{
@@ -22,20 +22,70 @@ const ECHO_REQUEST: u8 = 8;
 /// ICMP header: type, code, checksum, 4 more bytes; the quoted packet follows.
 const ICMP_HEADER_LEN: usize = 8;
 
+/// The packet an ICMP error quotes, as far as its flow goes.
+struct Quoted {
+    /// Offset of the ICMP header, of the quoted IPv4 header and of the quoted L4 header.
+    l4: usize,
+    inner_at: usize,
+    inner_l4: usize,
+    inner: Ipv4Hdr,
+    /// The quoted L4 header's first 8 bytes (all an error must quote).
+    head: [u8; 8],
+    /// Where the quoted packet keeps its source port (an echo request: its identifier).
+    port_at: usize,
+    src_port: u16,
+    dst_port: u16,
+}
+
+impl Quoted {
+    /// The key of the flow the error is about, in the direction the error travels: the
+    /// quoted packet's reply (an echo request's identifier as the reply's destination port).
+    #[inline(always)]
+    fn reply_key(&self) -> FlowKey {
+        flow::key(self.inner.proto, self.inner.dst_addr, self.dst_port, self.inner.src_addr, self.src_port)
+    }
+}
+
+/// The quoted packet of an ICMP error about a TCP, UDP or echo flow; `None` for anything else.
+#[inline(always)]
+fn quoted(ctx: &TcContext) -> Option<Quoted> {
+    let ip: Ipv4Hdr = ctx.load(IP_OFFSET).ok()?;
+    if ip.proto != PROTO_ICMP || u16::from_be_bytes(ip.frags) & flow::FRAGMENT_BITS != 0 {
+        return None;
+    }
+    let l4 = IP_OFFSET + usize::from(ip.ihl());
+    if !matches!(ctx.load::<u8>(l4).ok()?, DEST_UNREACHABLE | TIME_EXCEEDED | PARAMETER_PROBLEM) {
+        return None;
+    }
+    let inner_at = l4 + ICMP_HEADER_LEN;
+    let inner: Ipv4Hdr = ctx.load(inner_at).ok()?;
+    let inner_l4 = inner_at + usize::from(inner.ihl());
+    let head: [u8; 8] = ctx.load(inner_l4).ok()?;
+    let (port_at, src_port, dst_port) = match inner.proto {
+        PROTO_TCP | PROTO_UDP => {
+            (inner_l4, u16::from_be_bytes([head[0], head[1]]), u16::from_be_bytes([head[2], head[3]]))
+        }
+        PROTO_ICMP if head[0] == ECHO_REQUEST => (inner_l4 + 4, u16::from_be_bytes([head[4], head[5]]), 0),
+        _ => return None,
+    };
+    Some(Quoted { l4, inner_at, inner_l4, inner, head, port_at, src_port, dst_port })
+}
+
+/// For an ICMP error a pod sends: the key of the flow it is about, to look up in `FLOWS`.
+#[inline(always)]
+pub fn flow_key(ctx: &TcContext) -> Option<FlowKey> {
+    quoted(ctx).map(|q| q.reply_key())
+}
+
 /// Translates an ICMP error to the node back to the pod whose masqueraded flow it quotes;
 /// anything else goes on to the node unchanged.
 #[inline(always)]
 pub fn translate(ctx: &TcContext, config: &DatapathConfig) -> i32 {
-    let Ok(ip) = ctx.load::<Ipv4Hdr>(IP_OFFSET) else { return packet::PASS };
-    if ip.proto != PROTO_ICMP || u16::from_be_bytes(ip.frags) & flow::FRAGMENT_BITS != 0 {
+    let Some(q) = quoted(ctx) else { return packet::PASS };
+    if q.inner.src_addr != config.node_ipv4 {
         return packet::PASS;
     }
-    let l4 = IP_OFFSET + usize::from(ip.ihl());
-    let Ok(icmp_type) = ctx.load::<u8>(l4) else { return packet::PASS };
-    if !matches!(icmp_type, DEST_UNREACHABLE | TIME_EXCEEDED | PARAMETER_PROBLEM) {
-        return packet::PASS;
-    }
-    match rewrite(ctx, config, l4) {
+    match rewrite(ctx, config, &q) {
         Ok(true) => maps::forwarded(ctx, ForwardPath::ReplyToPod, packet::PASS),
         Ok(false) => packet::PASS,
         Err(reason) => maps::drop(ctx, reason),
@@ -43,26 +93,12 @@ pub fn translate(ctx: &TcContext, config: &DatapathConfig) -> i32 {
 }
 
 #[inline(always)]
-fn rewrite(ctx: &TcContext, config: &DatapathConfig, l4: usize) -> Result<bool, DropReason> {
-    let inner_at = l4 + ICMP_HEADER_LEN;
-    let Ok(inner) = ctx.load::<Ipv4Hdr>(inner_at) else { return Ok(false) };
-    if inner.src_addr != config.node_ipv4 {
-        return Ok(false);
-    }
-    let inner_l4 = inner_at + usize::from(inner.ihl());
-    let quoted: [u8; 8] = ctx.load(inner_l4).map_err(|_| DropReason::Malformed)?;
-    // Where the quoted packet keeps its source port (an echo request: its identifier).
-    let (port_at, src_port, dst_port) = match inner.proto {
-        PROTO_TCP | PROTO_UDP => {
-            (inner_l4, u16::from_be_bytes([quoted[0], quoted[1]]), u16::from_be_bytes([quoted[2], quoted[3]]))
-        }
-        PROTO_ICMP if quoted[0] == ECHO_REQUEST => (inner_l4 + 4, u16::from_be_bytes([quoted[4], quoted[5]]), 0),
-        _ => return Ok(false),
-    };
-    // The key a reply to the quoted packet would have: it finds the pod's address and port.
-    let key = flow::key(inner.proto, inner.dst_addr, dst_port, config.node_ipv4, src_port);
+fn rewrite(ctx: &TcContext, config: &DatapathConfig, q: &Quoted) -> Result<bool, DropReason> {
+    let (l4, inner_at, inner_l4, inner, quoted, port_at, src_port) =
+        (q.l4, q.inner_at, q.inner_l4, &q.inner, q.head, q.port_at, q.src_port);
+    // The reply's key finds the pod's address and port.
     // SAFETY: the value is copied out at once.
-    let Some(entry) = (unsafe { maps::NAT.get(&key).copied() }) else { return Ok(false) };
+    let Some(entry) = (unsafe { maps::NAT.get(&q.reply_key()).copied() }) else { return Ok(false) };
     let (pod, pod_port) = (flow::v4_from_16(entry.addr), entry.port);
     let icmp_csum_at = l4 + 2;
     let mut icmp_delta = Delta::default();

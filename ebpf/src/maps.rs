@@ -8,7 +8,7 @@ use aya_ebpf::{
 use ebpf_common::{
     Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
     FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, IpKey, NAT_MAX_ENTRIES, NatEntry,
-    POD_FLOWS_MAX_ENTRIES,
+    POD_FLOWS_MAX_ENTRIES, PodFlows,
 };
 
 /// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
@@ -23,11 +23,9 @@ pub static NAT: LruHashMap<FlowKey, NatEntry, { NAT_MAX_ENTRIES as usize }> = Lr
 #[btf_map]
 pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentEntry, { FRAGMENTS_MAX_ENTRIES as usize }> = LruHashMap::new();
 
-/// Masqueraded flows each pod holds, by owner (see `snat.rs`): what `masqFlowsPerPod` limits.
-/// Counted up when a flow gets its port, down when it closes or another flow takes its idle
-/// port; the LRU's silent evictions (a full `NAT`) leave a count high until the pod goes.
+/// New masqueraded flows per pod in the current minute, by owner (see `pod_flows.rs`).
 #[btf_map]
-pub static POD_FLOWS: HashMap<u64, u64, { POD_FLOWS_MAX_ENTRIES as usize }> = HashMap::new();
+pub static POD_FLOWS: HashMap<u64, PodFlows, { POD_FLOWS_MAX_ENTRIES as usize }> = HashMap::new();
 
 /// Flows the node's stack handled, keyed by their replies (see `steer.rs`). LRU.
 #[btf_map]

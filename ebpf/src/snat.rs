@@ -72,10 +72,6 @@ pub unsafe fn touch(entry: *mut NatEntry, now: u64, closes: bool) {
         if closes && (*entry).closing == 0 {
             (*entry).closing = 1;
             (*entry).last_seen_ns = now;
-            // The reply entry is the flow's one count (both entries close together).
-            if (*entry).direction == NAT_REPLY {
-                pod_flows::release((*entry).owner);
-            }
         }
     }
 }
@@ -84,23 +80,15 @@ pub unsafe fn touch(entry: *mut NatEntry, now: u64, closes: bool) {
 /// entries. If the second cannot be written, the port claimed for the first is given back.
 #[inline(always)]
 fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
-    let held = pod_flows::counter(owner).ok_or(DropReason::NatPortsExhausted)?;
-    if config.flows_per_pod != 0 && pod_flows::read(held) >= u64::from(config.flows_per_pod) {
+    if !pod_flows::admit(owner, now, config.pod_flows_per_minute) {
         return Err(DropReason::NatPodLimit);
     }
-    let claimed = claim_free_port(ctx, flow, config, owner, now)?;
-    let port = claimed.port;
+    let port = claim_free_port(ctx, flow, config, owner, now)?;
     let egress =
         NatEntry { addr: ipv4_in_16(config.node_ipv4), port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
     if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_ANY)).is_err() {
         let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
         return Err(DropReason::NatPortsExhausted);
-    }
-    if claimed.counts {
-        pod_flows::add(held);
-    }
-    if claimed.took_from != 0 {
-        pod_flows::release(claimed.took_from);
     }
     aya_log_ebpf::info!(
         ctx,
@@ -115,18 +103,10 @@ fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, n
     Ok(port)
 }
 
-/// A port claimed for a new flow, and how the pods' flow counts change with it.
-#[derive(Clone, Copy)]
-struct Claimed {
-    port: u16,
-    /// Whether the flow is a new one for its pod's count (not one it held and still counts).
-    counts: bool,
-    /// The attachment whose live-counted, idle flow the port was taken from (0: none).
-    took_from: u64,
-}
-
-/// A port claimed for the flow that no socket of the node holds either: two searches of
-/// random ports, each giving back a port it finds held.
+/// Searches for a port until one is claimed that no socket of the node holds either; a port a
+/// socket holds is given back (it was free in `NAT`, or idle) and the search goes on. Each
+/// search ends at its first claim, so with a share `f` of the range held by node sockets a new
+/// flow fails with probability `f` to the power of `SOCKET_SEARCHES`.
 #[inline(always)]
 fn claim_free_port(
     ctx: &TcContext,
@@ -134,16 +114,18 @@ fn claim_free_port(
     config: &DatapathConfig,
     owner: u64,
     now: u64,
-) -> Result<Claimed, DropReason> {
-    for _ in 0..2 {
-        let claimed = random_port(flow, config, owner, now).ok_or(DropReason::NatPortsExhausted)?;
-        if !node_sockets::hold(ctx, flow, config.node_ipv4, claimed.port) {
-            return Ok(claimed);
+) -> Result<u16, DropReason> {
+    for _ in 0..SOCKET_SEARCHES {
+        let port = random_port(flow, config, owner, now).ok_or(DropReason::NatPortsExhausted)?;
+        if !node_sockets::hold(ctx, flow, config.node_ipv4, port) {
+            return Ok(port);
         }
-        let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, claimed.port));
+        let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
     }
     Err(DropReason::NatPortsExhausted)
 }
+
+const SOCKET_SEARCHES: usize = 4;
 
 /// What one random try needs, by value and compact (the callback's frame and the caller's
 /// share the 512-byte stack): `bpf_loop` hands the callback a pointer to it.
@@ -153,8 +135,6 @@ struct PortSearch {
     port_min: u16,
     /// The claimed port, 0 while none is.
     found: u16,
-    counts: bool,
-    took_from: u64,
     span: u32,
     owner: u64,
     now: u64,
@@ -164,14 +144,12 @@ struct PortSearch {
 /// the callback once, where an open-coded loop made it walk every iteration into everything
 /// after it (114,399 instructions verified, ~90 ms of every first load, against 3,279).
 #[inline(always)]
-fn random_port(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Option<Claimed> {
+fn random_port(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Option<u16> {
     let mut search = PortSearch {
         flow: *flow,
         node_ipv4: config.node_ipv4,
         port_min: config.port_min,
         found: 0,
-        counts: false,
-        took_from: 0,
         span: u32::from(config.port_max.saturating_sub(config.port_min)) + 1,
         owner,
         now,
@@ -179,11 +157,14 @@ fn random_port(flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Op
     let context: *mut PortSearch = &mut search;
     // SAFETY: the callback only reads and writes `search`, which outlives the call.
     unsafe { bpf_loop(NAT_PORT_TRIES, try_random_port as *mut c_void, context.cast(), 0) };
-    (search.found != 0).then_some(Claimed { port: search.found, counts: search.counts, took_from: search.took_from })
+    (search.found != 0).then_some(search.found)
 }
 
-/// One try of [`random_port`]; returns 1 (stop) once a port is claimed.
-extern "C" fn try_random_port(_index: u64, context: *mut c_void) -> i64 {
+/// One try of [`random_port`]; returns 1 (stop) once a port is claimed. The first half of the
+/// tries take only ports no flow holds: a port another flow left idle (or closed, 10 s ago) is
+/// taken only when free ones are scarce, so a new connection rarely reuses a recent 4-tuple
+/// (the server may still hold it in TIME_WAIT).
+extern "C" fn try_random_port(index: u64, context: *mut c_void) -> i64 {
     // SAFETY: `random_port` passes its `PortSearch`, alive for the whole `bpf_loop` call.
     let search = unsafe { &mut *context.cast::<PortSearch>() };
     // SAFETY: plain helper call.
@@ -191,22 +172,12 @@ extern "C" fn try_random_port(_index: u64, context: *mut c_void) -> i64 {
     // `max(1)`: the compiler cannot see that `span` is never 0, and a remainder by 0 panics.
     let candidate = search.port_min.wrapping_add((random % search.span.max(1)) as u16);
     let reply = reply_entry(&search.flow, search.owner, search.now);
-    match claim(&search.flow, search.node_ipv4, candidate, &reply, search.now) {
-        Claim::Refused => 0,
-        Claim::Free => {
-            (search.found, search.counts) = (candidate, true);
-            1
-        }
-        Claim::Ours { counted } => {
-            (search.found, search.counts) = (candidate, !counted);
-            1
-        }
-        Claim::Idle { owner, counted } => {
-            (search.found, search.counts) = (candidate, true);
-            search.took_from = if counted { owner } else { 0 };
-            1
-        }
+    let take_idle = index >= u64::from(NAT_PORT_TRIES / 2);
+    if claim(&search.flow, search.node_ipv4, candidate, &reply, search.now, take_idle) {
+        search.found = candidate;
+        return 1;
     }
+    0
 }
 
 /// The reply entry of a new flow: what a reply's destination is rewritten back to.
@@ -223,38 +194,31 @@ fn reply_entry(flow: &Flow, owner: u64, now: u64) -> NatEntry {
     }
 }
 
-/// How [`claim`] went. `counted`: the entry it replaced still counted in its pod's flows (it
-/// had not closed).
-enum Claim {
-    Refused,
-    Free,
-    Ours { counted: bool },
-    Idle { owner: u64, counted: bool },
-}
-
-/// Takes `port` for the flow unless a live flow of another pod holds it.
+/// Takes `port` for the flow unless a live flow of another pod holds it (or an idle one, unless
+/// `take_idle`). A port that is free is looked up before it is inserted: an insert that fails
+/// on a full LRU map has already evicted another flow's entry to make room.
 #[inline(always)]
-fn claim(flow: &Flow, node_ipv4: [u8; 4], port: u16, reply: &NatEntry, now: u64) -> Claim {
+fn claim(flow: &Flow, node_ipv4: [u8; 4], port: u16, reply: &NatEntry, now: u64, take_idle: bool) -> bool {
     // ICMP identifiers and ports are never 0 on the wire for a real flow.
     if port == 0 {
-        return Claim::Refused;
+        return false;
     }
     let key = reply_key(flow, node_ipv4, port);
-    if maps::NAT.insert(&key, reply, u64::from(BPF_NOEXIST)).is_ok() {
-        return Claim::Free;
-    }
-    let Some(held) = maps::NAT.get_ptr(&key) else { return Claim::Refused };
+    let Some(held) = maps::NAT.get_ptr(&key) else {
+        return maps::NAT.insert(&key, reply, u64::from(BPF_NOEXIST)).is_ok();
+    };
     // SAFETY: an LRU value, read field by field (a copy would cost stack the callback of
     // `random_port` does not have).
-    let (ours, last_seen, closing, owner) = unsafe {
-        ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns, (*held).closing, (*held).owner)
-    };
-    let idle = now.saturating_sub(last_seen) > timeout(flow.protocol, closing != 0);
-    if !(ours || idle) || maps::NAT.insert(&key, reply, u64::from(BPF_ANY)).is_err() {
-        return Claim::Refused;
+    let (ours, last_seen, closing) =
+        unsafe { ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns, (*held).closing) };
+    let idle = take_idle && now.saturating_sub(last_seen) > timeout(flow.protocol, closing != 0);
+    if !(ours || idle) {
+        return false;
     }
-    let counted = closing == 0;
-    if ours { Claim::Ours { counted } } else { Claim::Idle { owner, counted } }
+    // Deleted, then inserted only if still absent: of two CPUs taking the same idle port, one
+    // wins (overwriting in place would let both believe they had it).
+    let _ = maps::NAT.remove(&key);
+    maps::NAT.insert(&key, reply, u64::from(BPF_NOEXIST)).is_ok()
 }
 
 /// The key a reply to the masqueraded flow arrives with: outside → node, ports swapped.

@@ -7,43 +7,95 @@
 //! is looked up. Flows the stack never saw (plain pod ↔ pod) are never recorded: a pod gets its
 //! lookups only once the stack has delivered it such a flow (`Endpoint::stack_replies`,
 //! `stack_peers`), so pods that serve no Service pay nothing.
-use aya_ebpf::{bindings::BPF_NOEXIST, programs::TcContext};
-use ebpf_common::{FLOW_VIA_STACK, FlowEntry, FlowKey};
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TcContext};
+use ebpf_common::{FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_UDP_NS, FLOW_VIA_STACK, FlowEntry, FlowKey};
 
-use crate::{flow::Flow, maps};
+use crate::{
+    flow::{Flow, PROTO_ICMP, PROTO_TCP},
+    icmp_error, maps,
+};
+
+/// Written at most this often: a write moves the entry's cache line to this CPU.
+const TOUCH_EVERY_NS: u64 = 1_000_000_000;
 
 /// Records that packets keyed `key` (the replies of the packet in hand) belong to a flow with
-/// `flag`. Written only when missing: the packets of a Service flow do not all write.
+/// `flag`. Written only when missing or a second old: not every packet of a Service flow writes.
 #[inline(always)]
 pub fn record(key: &FlowKey, owner: u64, flag: u32) {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
     if let Some(entry) = maps::FLOWS.get_ptr_mut(key) {
         // SAFETY: an LRU value, valid while this program runs; a lost race only repeats a write.
         unsafe {
             if (*entry).flags & flag == 0 {
                 (*entry).flags |= flag;
             }
+            touch(entry, now);
         }
         return;
     }
-    let entry = FlowEntry { owner, flags: flag, pad: 0 };
+    let entry = FlowEntry { owner, last_seen_ns: now, flags: flag, pad: 0 };
     // A concurrent insert of the same key wins; the LRU makes room when the map is full.
     let _ = maps::FLOWS.insert(key, &entry, u64::from(BPF_NOEXIST));
 }
 
-/// Whether a flow entry with `flag` exists for `key`.
+/// Whether a live flow entry with `flag` exists for `key` (one idle past its protocol's timeout
+/// is not: its 5-tuple may have been reused since). A hit keeps the entry alive.
 #[inline(always)]
 pub fn has(key: &FlowKey, flag: u32) -> bool {
-    // SAFETY: the value is read at once.
-    maps::FLOWS.get_ptr(key).is_some_and(|entry| unsafe { (*entry).flags } & flag != 0)
+    let Some(entry) = maps::FLOWS.get_ptr_mut(key) else { return false };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let timeout = match key.protocol {
+        PROTO_TCP => u64::MAX,
+        PROTO_ICMP => FLOW_TIMEOUT_ICMP_NS,
+        _ => FLOW_TIMEOUT_UDP_NS,
+    };
+    // SAFETY: an LRU value, valid while this program runs.
+    unsafe {
+        if (*entry).flags & flag == 0 || now.saturating_sub((*entry).last_seen_ns) > timeout {
+            return false;
+        }
+        touch(entry, now);
+    }
+    true
 }
 
-/// Whether the packet must go through the stack: its flow was recorded, or it has no ports to
-/// tell its flow by (an ICMP error, a fragment, another protocol) and so might belong to one.
-/// (All fragments alike: the stack reassembles a datagram only when it sees all of them.)
+/// # Safety
+/// `entry` must point at a `FLOWS` value obtained in this program run.
 #[inline(always)]
-pub fn via_stack(ctx: &TcContext) -> bool {
+unsafe fn touch(entry: *mut FlowEntry, now: u64) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        if now.saturating_sub((*entry).last_seen_ns) >= TOUCH_EVERY_NS {
+            (*entry).last_seen_ns = now;
+        }
+    }
+}
+
+/// Whether a packet about to take a fast path must go through the stack instead. Only asked
+/// when a pod involved is flagged (`flagged`); otherwise no flow of it was ever recorded.
+///
+/// Through the stack: a packet of a recorded flow (an ICMP error: of the flow it quotes), and
+/// one without ports to tell its flow by (a fragment, another protocol), which might belong to
+/// one. All fragments alike: the stack reassembles a datagram only when it sees all of them,
+/// and conntrack takes a datagram it never saw for a new flow, not an invalid one.
+///
+/// A TCP SYN opens a new connection: whatever was recorded under its addresses and ports, both
+/// ways, belongs to an old one and is forgotten, and the new connection takes the fast path.
+#[inline(always)]
+pub fn via_stack(ctx: &TcContext, flagged: bool) -> bool {
+    if !flagged {
+        return false;
+    }
     match Flow::parse(ctx) {
-        Ok(flow) if !flow.first_fragment => has(&flow.key(), FLOW_VIA_STACK),
-        _ => true,
+        Ok(flow) if flow.first_fragment => true,
+        Ok(flow) if flow.opens() => {
+            let _ = maps::FLOWS.remove(&flow.key());
+            let _ = maps::FLOWS.remove(&flow.reply_key());
+            false
+        }
+        Ok(flow) => has(&flow.key(), FLOW_VIA_STACK),
+        Err(_) => icmp_error::flow_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK)),
     }
 }

@@ -13,8 +13,10 @@ pub fn egress(ctx: &TcContext) -> i32 {
     }
     let Ok((src, dst)) = flow::addresses(ctx) else { return packet::PASS };
     // From the node, the outside or a Service address: the pod's replies are not addressed to a
-    // pod, so no fast path would take them anyway.
-    if !config::get().in_cluster(src) {
+    // pod, so no fast path would take them anyway. Nor replies to other nodes' pods when there
+    // is no uplink program (no `ipMasq`): those take the stack both ways regardless.
+    let config = config::get();
+    if !config.in_cluster(src) || config.uplink_ifindex == 0 && maps::endpoint(&IpKey::v4(src)).is_none() {
         return packet::PASS;
     }
     let Ok(flow) = flow::Flow::parse(ctx) else { return packet::PASS };

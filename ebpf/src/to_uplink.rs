@@ -15,8 +15,9 @@ use crate::{config, flow, fragments, maps, packet, snat, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
+    // Left set: another network's `to_uplink` on this uplink must see it too (and netfilter,
+    // which reuses marks, never does: the redirect skips it).
     if unsafe { (*ctx.skb.skb).mark } == FAST_PATH_MARK {
-        ctx.set_mark(0);
         return packet::PASS;
     }
     if !flow::is_ipv4(ctx) {

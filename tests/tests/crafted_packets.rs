@@ -255,12 +255,12 @@ fn crafted_frames_get_their_documented_verdicts() {
     // A packet to the node on a port outside the range is the node's, whatever NAT holds.
     from_uplink("to a node port below the range", from_ext(UDP, &udp(53, 40000, b"?")), TC_ACT_UNSPEC, None);
 
-    // Addresses of the node's pod subnet that are no pod never leave through the uplink, and
-    // are not sent back out when they arrive there.
+    // Addresses of the node's pod subnet that are no pod never leave through the uplink.
     let unused: Ipv4Addr = "10.221.1.250".parse().unwrap();
     to_uplink("to an unused pod address", a_to(unused, &[], 0), TC_ACT_SHOT, Some(DropReason::NotAPod));
     let stray = [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(ext, unused, UDP, &[], 0, &datagram)].concat();
-    from_uplink("to an unused pod address", stray, TC_ACT_SHOT, Some(DropReason::NotAPod));
+    // Arriving, it is the stack's to route: back out of the uplink, where it is dropped.
+    from_uplink("to an unused pod address", stray, TC_ACT_UNSPEC, None);
 
     // Another node's pod reaches a straight; the outside reaches it through the stack, and a's
     // reply keeps its own address.

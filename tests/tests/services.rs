@@ -8,14 +8,17 @@
 //!
 //! `EBPF_CNI_TESTS_POD_NETWORK=bridge` runs the same flows with the reference `bridge` plugin
 //! networking the pods: the check that the flows themselves are right.
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddrV4},
+};
 
 use ebpf_cni_tests::{
     EXT_SERVER,
     kube_proxy::{self, Flavour, Protocol, Service},
     lan::{LAN_HOST, LAN_NODE_IPS, LAN_NODE_PORTS, Lan, LanPod, PodNetwork},
     probe::{self, Servers},
-    traffic::{PacketSocket, in_netns},
+    traffic::{self, PacketSocket, in_netns},
 };
 
 /// Ports every server listens on (pods, the host outside the cluster, the external server).
@@ -237,6 +240,12 @@ fn run_suite(test: &str, flavour: Flavour, tag: &str, octet: u8) {
             failures.push(format!("{}: {e:#}", flow.name));
         }
     }
+    for (name, outcome) in after_a_service(&world) {
+        println!("[{flavour:?}] {:<4} {name}{}", if outcome.is_ok() { "ok" } else { "FAIL" }, fmt_error(&outcome));
+        if let Err(e) = outcome {
+            failures.push(format!("{name}: {e:#}"));
+        }
+    }
     let leaked = leaks(&lan, &world, octet).expect("sniffing the LAN");
     for failure in &leaked {
         println!("[{flavour:?}] FAIL {failure}");
@@ -245,12 +254,12 @@ fn run_suite(test: &str, flavour: Flavour, tag: &str, octet: u8) {
     if lan.pod_network == PodNetwork::EbpfCni {
         failures.extend(paths_taken(&lan, flavour));
     }
-    println!("{test}: {} checks, {} failed, {:.1?}", flows.len() + 3, failures.len(), started.elapsed());
+    let checks = flows.len() + 5;
+    println!("{test}: {checks} checks, {} failed, {:.1?}", failures.len(), started.elapsed());
     assert!(
         failures.is_empty(),
-        "{} of {} checks failed ({flavour:?} kube-proxy, pods by {:?}):\n  {}",
+        "{} of {checks} checks failed ({flavour:?} kube-proxy, pods by {:?}):\n  {}",
         failures.len(),
-        flows.len() + 3,
         lan.pod_network,
         failures.join("\n  ")
     );
@@ -286,4 +295,41 @@ fn paths_taken(lan: &Lan, flavour: Flavour) -> Vec<String> {
         missing.push("node 1: nothing counted as not-a-pod (the leak probes)".into());
     }
     missing
+}
+
+/// A pod that served a Service (its replies went back through the stack) still talks directly:
+/// a connection that reuses a Service connection's addresses and ports (the same client port,
+/// straight to the endpoint) opens, and an ICMP error it sends about a direct flow arrives
+/// (conntrack never saw that flow, so through the stack it would be INVALID and dropped).
+fn after_a_service(w: &World) -> Vec<(&'static str, anyhow::Result<()>)> {
+    let (a, b) = (&w.client, &w.local);
+    let reused = || -> anyhow::Result<()> {
+        const CLIENT_PORT: u16 = 41_234;
+        for to in [vip("10.96.1.1:80"), addr(b.ip, TCP_PORT)] {
+            let mut stream = traffic::tcp_connect(&a.netns, CLIENT_PORT, to)?;
+            stream.write_all(b"hello")?;
+            let mut buf = [0u8; 64];
+            let n = stream.read(&mut buf).map_err(|e| anyhow::anyhow!("{to}: connected, but no answer: {e}"))?;
+            anyhow::ensure!(n > 0, "{to}: closed without an answer");
+        }
+        Ok(())
+    };
+    let refused = || -> anyhow::Result<()> {
+        let closed = addr(b.ip, 9);
+        let socket = in_netns(&a.netns, move || {
+            let socket = std::net::UdpSocket::bind(addr(Ipv4Addr::UNSPECIFIED, 0))?;
+            socket.connect(closed)?;
+            socket.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+            Ok(socket)
+        })?;
+        socket.send(b"anyone?")?;
+        match socket.recv(&mut [0u8; 16]) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+            other => anyhow::bail!("expected the endpoint's port unreachable, got {other:?}"),
+        }
+    };
+    vec![
+        ("a direct connection reusing a Service connection's client port", reused()),
+        ("port unreachable from a Service's endpoint, about a direct flow", refused()),
+    ]
 }

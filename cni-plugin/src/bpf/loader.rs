@@ -9,7 +9,7 @@ use ebpf_common::{DatapathConfig, names};
 use super::{
     datapath::{Datapath, internal},
     kernel_btf,
-    settings::{Describe, Settings},
+    settings::{Describe, Settings, comparable},
     uplink,
 };
 use crate::{
@@ -118,7 +118,7 @@ impl Datapath {
     /// rather than silently ignored.
     fn check_settings(&self, wanted: &DatapathConfig) -> CniResult<()> {
         let loaded = self.recorded_settings()?.ok_or_else(|| internal("SETTINGS is not pinned"))?;
-        if loaded == *wanted {
+        if comparable(&loaded) == comparable(wanted) {
             return Ok(());
         }
         Err(CniError::new(

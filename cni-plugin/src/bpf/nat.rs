@@ -32,7 +32,7 @@ impl Datapath {
         }
         let data = MapData::from_pin(&path).cni(ErrorCode::DATAPATH, "cannot open pinned POD_FLOWS")?;
         let map = Map::from_map_data(data).cni(ErrorCode::DATAPATH, "cannot open pinned POD_FLOWS")?;
-        let mut map: HashMap<_, u64, u64> =
+        let mut map: HashMap<_, u64, ebpf_common::PodFlows> =
             HashMap::try_from(map).cni(ErrorCode::DATAPATH, "pinned POD_FLOWS has another layout")?;
         let owners: Vec<u64> = map.keys().filter_map(Result::ok).filter(|o| stale(*o)).collect();
         for owner in owners {

@@ -10,7 +10,7 @@ use ipnetwork::Ipv4Network;
 use crate::{
     cni::{
         CniError, CniResult, Context, ErrorCode,
-        config::{DEFAULT_MASQ_FLOWS_PER_POD, NetConf},
+        config::{DEFAULT_MASQ_POD_FLOWS_PER_MINUTE, NetConf},
     },
     net::netlink::Netlink,
 };
@@ -26,14 +26,20 @@ pub struct Settings {
 
 impl Settings {
     pub async fn resolve(conf: &NetConf, pod_subnet: Ipv4Network, node: &Netlink) -> CniResult<Self> {
-        let cluster = conf.cluster_cidr()?.unwrap_or(pod_subnet);
+        let explicit_cluster = conf.cluster_cidr()?;
+        let cluster = explicit_cluster.unwrap_or(pod_subnet);
         let mut config = DatapathConfig {
             cluster_ipv4: cluster.network().octets(),
             cluster_prefix: cluster.prefix(),
-            node_pods_ipv4: pod_subnet.network().octets(),
-            node_pods_prefix: pod_subnet.prefix(),
             ..DatapathConfig::default()
         };
+        // The subnet is this node's alone only when it is narrower than the cluster's (per-node
+        // subnets, as the agent's routes and kubelet's podCIDR have them). An IPAM subnet as wide
+        // as the cluster (ranges cut per node, a cluster-wide IPAM) holds other nodes' pods too.
+        if explicit_cluster.is_some_and(|c| pod_subnet.prefix() > c.prefix() && c.contains(pod_subnet.network())) {
+            config.node_pods_ipv4 = pod_subnet.network().octets();
+            config.node_pods_prefix = pod_subnet.prefix();
+        }
         let log_level = conf.ebpf_log_level()?;
         if !conf.ip_masq {
             return Ok(Self { config, uplink: None, log_level });
@@ -53,7 +59,7 @@ impl Settings {
         config.uplink_ifindex = index;
         config.port_min = *ports.start();
         config.port_max = *ports.end();
-        config.flows_per_pod = conf.masq_flows_per_pod.unwrap_or(DEFAULT_MASQ_FLOWS_PER_POD);
+        config.pod_flows_per_minute = conf.masq_pod_flows_per_minute.unwrap_or(DEFAULT_MASQ_POD_FLOWS_PER_MINUTE);
         warn_if_not_forwarding();
         warn_if_ports_shared(&ports);
         Ok(Self { config, uplink: Some(uplink), log_level })
@@ -88,6 +94,12 @@ fn warn_if_not_forwarding() {
     }
 }
 
+/// What must match between a network's loaded settings and an ADD's: all but the node's pod
+/// subnet, which is the first pod's (an IPAM with several subnets gives the next pod another).
+pub fn comparable(config: &DatapathConfig) -> DatapathConfig {
+    DatapathConfig { node_pods_ipv4: [0; 4], node_pods_prefix: 0, ..*config }
+}
+
 /// Masquerade takes its ports as the node's own sockets take theirs, and a reply is the node's
 /// or a pod's by its port: the two ranges must not meet. The plugin does not change sysctls.
 fn warn_if_ports_shared(ports: &std::ops::RangeInclusive<u16>) {
@@ -120,12 +132,12 @@ impl fmt::Display for Describe<'_> {
         }
         write!(
             f,
-            ", masquerade behind {} on ifindex {}, ports {}-{}, {} flows per pod",
+            ", masquerade behind {} on ifindex {}, ports {}-{}, {} new flows per pod per minute",
             Ipv4Addr::from(c.node_ipv4),
             c.uplink_ifindex,
             c.port_min,
             c.port_max,
-            c.flows_per_pod
+            c.pod_flows_per_minute
         )
     }
 }

@@ -26,15 +26,21 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink)
     fault::point("del:after-veth");
     let root = conf.bpffs_root();
     if root.exists() {
-        let steps = async {
-            let dp = Datapath::lock(&root, &conf.name)?;
-            dp.remove_endpoints(attachment.cookie())?;
-            dp.remove_nat(attachment.cookie())?;
-            dp.remove_flows(attachment.cookie())?;
-            dp.remove_if_unused(node).await.map(drop)
-        };
-        if let Err(e) = steps.await {
-            first_err.get_or_insert(e);
+        let owner = attachment.cookie();
+        match Datapath::lock(&root, &conf.name) {
+            Ok(dp) => {
+                // Each step whatever the one before did: a failed one must not leave the rest.
+                let removed = [dp.remove_endpoints(owner), dp.remove_nat(owner), dp.remove_flows(owner)];
+                for result in removed {
+                    if let Err(e) = result {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                if let Err(e) = dp.remove_if_unused(node).await {
+                    first_err.get_or_insert(e);
+                }
+            }
+            Err(e) => drop(first_err.get_or_insert(e)),
         }
     }
     fault::point("del:after-datapath");

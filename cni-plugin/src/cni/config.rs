@@ -12,14 +12,12 @@ use super::{CniError, CniResult, ErrorCode, env::validate_container_id, version}
 /// Where programs, maps and links are pinned unless the config says otherwise.
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ebpf-cni";
 
-/// Ports a masqueraded flow may get when its own source port is taken: the upper half, where
-/// the ports of long-lived services rarely are.
 /// Above Linux's default ephemeral ports (32768–60999) and Kubernetes' NodePorts (30000–32767):
 /// masquerade never hands out a port the node's own sockets could be using.
 pub const DEFAULT_MASQ_PORTS: RangeInclusive<u16> = 61_000..=65_535;
 
-/// A quarter of `NAT`'s capacity: four busy pods can fill it, one cannot.
-pub const DEFAULT_MASQ_FLOWS_PER_POD: u32 = 8_192;
+/// About 136 new flows a second per pod: in a minute, a quarter of `NAT`'s 32,768 flows.
+pub const DEFAULT_MASQ_POD_FLOWS_PER_MINUTE: u32 = 8_192;
 
 /// Smallest MTU the kernel accepts for IPv4.
 const MIN_MTU: u32 = 68;
@@ -49,9 +47,9 @@ pub struct NetConf {
     pub node_ip: Option<Ipv4Addr>,
     /// `"min-max"`: the ports masqueraded flows leave from.
     pub masq_port_range: Option<String>,
-    /// Masqueraded flows one pod may hold at once (0: no limit), so one pod cannot starve the
-    /// node's others of `NAT`'s 32 Ki flows. Default [`DEFAULT_MASQ_FLOWS_PER_POD`].
-    pub masq_flows_per_pod: Option<u32>,
+    /// New masqueraded flows one pod may open per minute (0: no limit), so one pod cannot churn
+    /// the other pods' flows out of `NAT`. Default [`DEFAULT_MASQ_POD_FLOWS_PER_MINUTE`].
+    pub masq_pod_flows_per_minute: Option<u32>,
     /// Root of our pins in bpffs; one directory per network below it.
     pub bpffs_root: Option<PathBuf>,
     /// Where the plugin's log lines go (appended), besides errors to stderr. Default: none.
