@@ -11,7 +11,7 @@
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, FAST_PATH_MARK, FLOW_FROM_OUTSIDE, FLOW_VIA_STACK, ForwardPath, IpKey};
 
-use crate::{config, flow, fragments, icmp_error, maps, packet, snat, steer};
+use crate::{config, flow, fragments, maps, packet, snat, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -37,12 +37,6 @@ pub fn egress(ctx: &TcContext) -> i32 {
         Ok(flow) => flow,
         // Inside the cluster nothing is translated: fragments and other protocols go as they are.
         Err(_) if config.in_cluster(dst) => return packet::PASS,
-        // An ICMP error about a flow opened from outside goes as the flow's replies do.
-        Err(DropReason::NatUntranslatable)
-            if icmp_error::flow_key(ctx).is_some_and(|key| steer::has(&key, FLOW_FROM_OUTSIDE)) =>
-        {
-            return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
-        }
         Err(DropReason::NatUntranslatable) => return fragments::egress(ctx),
         Err(reason) => return maps::drop(ctx, reason),
     };
