@@ -54,7 +54,8 @@ impl Datapath {
         let lock = Flock::lock(dir, FlockArg::LockExclusive)
             .map_err(|(_, errno)| errno)
             .cni(ErrorCode::DATAPATH, "cannot lock bpffs root")?;
-        Ok(Self { pins: Pins::new(root, network), _lock: lock })
+        // Chosen under the lock: a concurrent last DEL may be removing the previous layout.
+        Ok(Self { pins: Pins::current(root, network), _lock: lock })
     }
 
     /// Mounts bpffs for `root` when the node has none there (a fresh node), saying so in the
@@ -134,6 +135,10 @@ impl Datapath {
     /// `to_pod` goes on the egress: it sees what the node's stack delivers into the pod.
     pub fn attach(&self, host_ifname: &str) -> CniResult<()> {
         for (name, direction) in [(names::TO_POD, TcAttachType::Egress), (names::FROM_POD, TcAttachType::Ingress)] {
+            // The previous layout has no `to_pod`.
+            if self.pins.is_previous() && !self.pins.program(name).exists() {
+                continue;
+            }
             let mut program = SchedClassifier::from_pin(self.pins.program(name))
                 .cni(ErrorCode::DATAPATH, format!("cannot open pinned {name}"))?;
             attach_filter(&mut program, host_ifname, direction)?;

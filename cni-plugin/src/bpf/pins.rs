@@ -1,20 +1,54 @@
 //! Where a network's objects live in bpffs:
 //! `<root>/<network>/v<N>/{progs,maps}/…`, `N` being the pinned layout version, so a
-//! plugin upgrade with a new map layout never opens pins of the old one.
+//! plugin upgrade with a new map layout never opens pins of the old one as its own.
+//!
+//! An upgrade while pods run: a network whose datapath the previous layout loaded keeps it (this
+//! build attaches new pods to the pinned programs of that layout) until its last pod is gone;
+//! the next ADD then loads this build's.
 use std::path::{Path, PathBuf};
 
-use ebpf_common::PIN_LAYOUT_VERSION;
+use ebpf_common::{PIN_LAYOUT_VERSION, names};
+
+/// The layout before this build's: its maps have the same keys and values (this build only
+/// named some of their padding bytes), so this build can add and remove its pods' entries.
+pub const PREVIOUS_LAYOUT_VERSION: u32 = 2;
 
 pub struct Pins {
     network_dir: PathBuf,
     version_dir: PathBuf,
+    version: u32,
 }
 
 impl Pins {
+    /// This build's layout.
     pub fn new(root: &Path, network: &str) -> Self {
+        Self::with_version(root, network, PIN_LAYOUT_VERSION)
+    }
+
+    pub fn with_version(root: &Path, network: &str, version: u32) -> Self {
         let network_dir = root.join(network);
-        let version_dir = network_dir.join(format!("v{PIN_LAYOUT_VERSION}"));
-        Self { network_dir, version_dir }
+        let version_dir = network_dir.join(format!("v{version}"));
+        Self { network_dir, version_dir, version }
+    }
+
+    /// The layout `network` runs: this build's once loaded, else the previous one's while it is
+    /// loaded, else this build's (to be loaded).
+    pub fn current(root: &Path, network: &str) -> Self {
+        let own = Self::new(root, network);
+        if own.program(names::FROM_POD).exists() {
+            return own;
+        }
+        let previous = Self::with_version(root, network, PREVIOUS_LAYOUT_VERSION);
+        if previous.program(names::FROM_POD).exists() { previous } else { own }
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Whether these are the previous layout's pins, loaded by an older build.
+    pub fn is_previous(&self) -> bool {
+        self.version != PIN_LAYOUT_VERSION
     }
 
     pub fn network_dir(&self) -> &Path {
@@ -32,9 +66,7 @@ impl Pins {
     pub fn map(&self, name: &str) -> PathBuf {
         self.version_dir.join("maps").join(name)
     }
-}
 
-impl Pins {
     /// An empty directory, present when this network added the uplink's clsact qdisc: only
     /// then does the network remove the qdisc again (bpffs holds no plain files).
     pub fn clsact_mark(&self) -> PathBuf {

@@ -10,10 +10,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use aya::{
     Pod,
-    maps::{HashMap, Map, MapData, PerCpuArray},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray},
     programs::ProgramInfo,
 };
-use ebpf_common::{Counter, DropReason, Endpoint, ForwardPath, IpKey, names};
+use ebpf_common::{Counter, DatapathConfig, DropReason, Endpoint, ForwardPath, IpKey, names};
 
 use super::Pins;
 
@@ -35,7 +35,7 @@ pub fn networks(root: &Path) -> Result<Vec<String>> {
 
 /// The pins of `network`, once they are known to be there.
 pub fn pinned(root: &Path, network: &str) -> Result<Pins> {
-    let pins = Pins::new(root, network);
+    let pins = Pins::current(root, network);
     // `exists()` is false for a path the user may not read (the pins are mode 0700): say why.
     let there = pins
         .version_dir()
@@ -83,12 +83,17 @@ pub fn forwarded_counters(pins: &Pins) -> Result<Option<Vec<(ForwardPath, Counte
     Ok(Some(ForwardPath::ALL.into_iter().zip(sums).collect()))
 }
 
-/// Slots of a pinned per-CPU array of counters, each summed over CPUs.
+/// Slots of a pinned per-CPU array of counters, each summed over CPUs. A slot past the map's end
+/// (a reason or path newer than the layout that loaded it) reads as zero.
 fn per_cpu_sums<const N: usize>(pins: &Pins, name: &str, slots: [u32; N]) -> Result<Vec<Counter>> {
     let map: PerCpuArray<_, Counter> = PerCpuArray::try_from(open_map(pins, name)?)?;
+    let len = map.len();
     slots
         .iter()
         .map(|slot| {
+            if *slot >= len {
+                return Ok(Counter::default());
+            }
             let per_cpu = map.get(slot, 0).with_context(|| format!("reading {name}[{slot}]"))?;
             Ok(Counter {
                 packets: per_cpu.iter().map(|c| c.packets).sum(),
@@ -105,3 +110,28 @@ pub fn loaded_at(pins: &Pins) -> Result<Option<u64>> {
     let info = ProgramInfo::from_pin(pins.program(names::FROM_POD)).context("opening pinned from_pod")?;
     Ok(info.loaded_at().and_then(|t: SystemTime| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs()))
 }
+
+/// The settings the network's programs were loaded with (`SETTINGS`), in this build's layout or
+/// the previous one's (a prefix of it: the fields it lacks read as zero, "none").
+pub fn settings(pins: &Pins) -> Result<DatapathConfig> {
+    let map = open_map(pins, names::SETTINGS)?;
+    if !pins.is_previous() {
+        let array: Array<_, DatapathConfig> = Array::try_from(map)?;
+        return array.get(&0, 0).context("reading SETTINGS");
+    }
+    let array: Array<_, [u8; PREVIOUS_SETTINGS_LEN]> = Array::try_from(map)?;
+    let b = array.get(&0, 0).context("reading SETTINGS")?;
+    Ok(DatapathConfig {
+        cluster_ipv4: [b[0], b[1], b[2], b[3]],
+        cluster_prefix: b[4],
+        masquerade: b[5],
+        node_ipv4: [b[8], b[9], b[10], b[11]],
+        uplink_ifindex: u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
+        port_min: u16::from_ne_bytes([b[16], b[17]]),
+        port_max: u16::from_ne_bytes([b[18], b[19]]),
+        ..DatapathConfig::default()
+    })
+}
+
+/// Size of the previous layout's `DatapathConfig`: up to and including `port_max`.
+const PREVIOUS_SETTINGS_LEN: usize = 20;

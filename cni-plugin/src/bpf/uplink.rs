@@ -76,16 +76,11 @@ impl Datapath {
 
     /// The settings the network's programs were loaded with, if it has pins.
     pub(super) fn recorded_settings(&self) -> CniResult<Option<DatapathConfig>> {
-        let path = self.pins.map(names::SETTINGS);
-        if !path.exists() {
+        if !self.pins.map(names::SETTINGS).exists() {
             return Ok(None);
         }
-        let map = aya::maps::Map::from_map_data(
-            aya::maps::MapData::from_pin(&path).cni(ErrorCode::DATAPATH, "cannot open pinned SETTINGS")?,
-        )
-        .cni(ErrorCode::DATAPATH, "cannot open pinned SETTINGS")?;
-        let array: aya::maps::Array<_, DatapathConfig> = aya::maps::Array::try_from(map)
-            .map_err(|e| internal(format!("pinned SETTINGS has another layout: {e}")))?;
-        array.get(&0, 0).map(Some).cni(ErrorCode::DATAPATH, "cannot read SETTINGS")
+        super::read::settings(&self.pins)
+            .map(Some)
+            .map_err(|e| internal(format!("cannot read the pinned SETTINGS: {e:#}")))
     }
 }

@@ -2,9 +2,7 @@
 //! `bpf::read` (NAT, which names its pods from ENDPOINTS, is in `nat.rs`).
 use std::net::Ipv4Addr;
 
-use anyhow::{Context as _, Result};
-use aya::maps::Array;
-use ebpf_common::{DatapathConfig, names};
+use anyhow::Result;
 use serde::Serialize;
 
 use super::{programs::Interfaces, table::Row};
@@ -122,8 +120,7 @@ impl Row for SettingsRow {
 }
 
 pub fn settings(pins: &Pins, names: &Interfaces) -> Result<Vec<SettingsRow>> {
-    let map: Array<_, DatapathConfig> = Array::try_from(read::open_map(pins, names::SETTINGS)?)?;
-    let c = map.get(&0, 0).context("reading SETTINGS")?;
+    let c = read::settings(pins)?;
     Ok(vec![SettingsRow {
         cluster_cidr: format!("{}/{}", Ipv4Addr::from(c.cluster_ipv4), c.cluster_prefix),
         masquerade: c.masquerade != 0,

@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use ebpf_common::{
-    Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FlowKey, ForwardPath, IpKey, NAT_MAX_ENTRIES, NatEntry,
-    PIN_LAYOUT_VERSION, names,
+    Counter, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FlowKey, ForwardPath, IpKey, NAT_MAX_ENTRIES, NatEntry, names,
 };
 pub use exposition::Exposition;
 pub use serve::spawn as serve;
@@ -87,6 +86,7 @@ struct Figures {
     endpoints: usize,
     nat_entries: usize,
     loaded_at: Option<u64>,
+    layout_version: u32,
 }
 
 impl Figures {
@@ -97,6 +97,7 @@ impl Figures {
             endpoints: read::count_entries::<IpKey, Endpoint>(pins, names::ENDPOINTS)?,
             nat_entries: read::count_entries::<FlowKey, NatEntry>(pins, names::NAT)?,
             loaded_at: read::loaded_at(pins)?,
+            layout_version: pins.version(),
         })
     }
 
@@ -167,7 +168,7 @@ impl Figures {
             "ebpf_cni_datapath_layout_version",
             "Layout version of the pins read (the v<N> of their path in bpffs).",
             &net,
-            PIN_LAYOUT_VERSION,
+            self.layout_version,
         );
         if let Some(at) = self.loaded_at {
             page.gauge(
