@@ -3,6 +3,7 @@ mod cargo_output;
 mod cmd;
 mod demo;
 mod setup;
+mod upgrade_base;
 
 use std::process::ExitCode;
 
@@ -66,10 +67,12 @@ fn run(task: Task) -> Result<()> {
         Task::Test => {
             setup::run()?;
             let plugin = cmd::build_plugin(false)?;
+            let base = upgrade_base::build()?;
             cmd::cargo(&["fmt", "--all", "--", "--check"])?;
             let env = [("EBPF_CNI_BIN", plugin.as_os_str())];
+            let test_env = [env[0], ("EBPF_CNI_BASE_BIN", base.as_os_str())];
             eprintln!("running every test…");
-            cmd::cargo_with_env(&["test", "--no-fail-fast"], &env)?;
+            cmd::cargo_with_env(&["test", "--no-fail-fast"], &test_env)?;
             eprintln!("running the benchmarks in smoke mode…");
             cmd::cargo_with_env(&["run", "--quiet", "--package", "bench", "--", "--smoke"], &env)
         }
