@@ -117,6 +117,7 @@ fn every_view_shows_what_the_datapath_holds() {
     };
     for pod in &pods {
         assert_eq!(on(&pod.host_ifname, "tc ingress"), Some(json!("from_pod")), "{programs:?}");
+        assert_eq!(on(&pod.host_ifname, "tc egress"), Some(json!("to_pod")), "{programs:?}");
     }
     assert_eq!(on("uplink0", "tc egress"), Some(json!("to_uplink")), "{programs:?}");
     assert_eq!(on("uplink0", "tc ingress"), Some(json!("from_uplink")), "{programs:?}");
