@@ -1,0 +1,221 @@
+//! Issue 17's topology: two nodes with ONE NIC each (`eth0`: default route, masquerade uplink
+//! and cross-node path all on it) on a shared LAN, a Linux bridge inside `<run>-lan`. On the same
+//! LAN: `ext`, the router to the "internet" (a server on an address that exists only on its
+//! loopback, and no route to any pod, so an unmasqueraded packet cannot be answered), and `host`,
+//! a machine outside the cluster (a control-plane host, say) with a route to each node's pod
+//! subnet via that node. Each node routes the other's pod subnet via its LAN address (host-gw)
+//! and forwards; pods get `ipMasq` with `clusterCIDR` covering both subnets, uplink and node
+//! address left to their defaults.
+//!
+//! The pods are networked by ebpf-cni, or, to check the tests themselves, by the reference
+//! `bridge` plugin (see [`PodNetwork`]). Both chain the reference `portmap`. Everything is in
+//! namespaces this run created and goes with them on drop, pass or fail.
+use std::net::Ipv4Addr;
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use crate::{
+    EXT_SERVER, NetnsGuard, Plugin, TEST_MTU, Testbed, run_in,
+    runtime::{NetworkList, Runtime},
+};
+
+/// `ext`'s LAN address: the nodes' default gateway.
+pub const LAN_ROUTER: &str = "192.0.2.1";
+/// Node 1's and node 2's LAN (and only) addresses.
+pub const LAN_NODE_IPS: [&str; 2] = ["192.0.2.11", "192.0.2.12"];
+/// The machine outside the cluster.
+pub const LAN_HOST: &str = "192.0.2.100";
+/// The LAN bridge's port toward each node, in the `lan` namespace (where a sniffer listens).
+pub const LAN_NODE_PORTS: [&str; 2] = ["node1", "node2"];
+
+/// What networks the pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodNetwork {
+    /// The binary under test.
+    EbpfCni,
+    /// The reference `bridge` + `host-local` (`isGateway`, hairpin, br_netfilter on), with the
+    /// masquerade ebpf-cni's `ipMasq` + `clusterCIDR` means written as one iptables rule
+    /// (bridge's own `ipMasq` would masquerade traffic to the other node's pods too).
+    Bridge,
+}
+
+impl PodNetwork {
+    /// `EBPF_CNI_TESTS_POD_NETWORK=bridge` runs a suite against the reference plugin instead.
+    pub fn from_env() -> Self {
+        match std::env::var("EBPF_CNI_TESTS_POD_NETWORK").as_deref() {
+            Ok("bridge") => Self::Bridge,
+            _ => Self::EbpfCni,
+        }
+    }
+}
+
+/// A pod after ADD: its namespace and address.
+#[derive(Clone, Debug)]
+pub struct LanPod {
+    pub netns: String,
+    pub ip: Ipv4Addr,
+}
+
+/// Fields drop in order: the nodes (pods, node, bpffs), then the LAN's other members, then the
+/// LAN itself.
+pub struct Lan {
+    pub nodes: [Testbed; 2],
+    pub ext: NetnsGuard,
+    pub host: NetnsGuard,
+    pub lan: NetnsGuard,
+    pub pod_network: PodNetwork,
+    runtimes: [Runtime; 2],
+    lists: [NetworkList; 2],
+}
+
+impl Lan {
+    /// The LAN for test `name`, or `None` when it must be skipped (see [`Testbed::for_test`]).
+    pub fn for_test(name: &str, tag: &str, cluster_cidr: &str, subnets: [&str; 2]) -> Option<Self> {
+        crate::require_privileges(name)
+            .then(|| Self::new(tag, PodNetwork::from_env(), cluster_cidr, subnets).expect("building the LAN topology"))
+    }
+
+    pub fn new(tag: &str, pod_network: PodNetwork, cluster_cidr: &str, subnets: [&str; 2]) -> Result<Self> {
+        let plugin = Plugin::from_env()?;
+        let mut nodes = [
+            Testbed::with_plugin(&format!("{tag}1"), subnets[0], plugin.clone())?,
+            Testbed::with_plugin(&format!("{tag}2"), subnets[1], plugin)?,
+        ];
+        let run_id = nodes[0].run_id.clone();
+        let ext = NetnsGuard::create(&format!("{run_id}-ext"))?;
+        let host = NetnsGuard::create(&format!("{run_id}-host"))?;
+        let lan = NetnsGuard::create(&format!("{run_id}-lan"))?;
+        run_in(&lan.name, "ip", &["link", "add", "lan0", "type", "bridge"])?;
+        run_in(&lan.name, "ip", &["link", "set", "lan0", "up"])?;
+        // A plain switch: its frames never go through this namespace's netfilter.
+        let _ = run_in(&lan.name, "sysctl", &["-qw", "net.bridge.bridge-nf-call-iptables=0"]);
+        let (n1, n2) = (nodes[0].node.name.clone(), nodes[1].node.name.clone());
+        join(&lan.name, LAN_NODE_PORTS[0], &n1, &format!("{}/24", LAN_NODE_IPS[0]))?;
+        join(&lan.name, LAN_NODE_PORTS[1], &n2, &format!("{}/24", LAN_NODE_IPS[1]))?;
+        join(&lan.name, "ext", &ext.name, &format!("{LAN_ROUTER}/24"))?;
+        join(&lan.name, "host", &host.name, &format!("{LAN_HOST}/24"))?;
+        run_in(&ext.name, "ip", &["addr", "add", &format!("{EXT_SERVER}/32"), "dev", "lo"])?;
+        for (i, node) in [&n1, &n2].into_iter().enumerate() {
+            let other = 1 - i;
+            run_in(node, "ip", &["route", "add", "default", "via", LAN_ROUTER])?;
+            run_in(node, "ip", &["route", "add", subnets[other], "via", LAN_NODE_IPS[other]])?;
+            // What every Kubernetes node has; the plugin itself never changes sysctls.
+            run_in(node, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+            run_in(&host.name, "ip", &["route", "add", subnets[i], "via", LAN_NODE_IPS[i]])?;
+        }
+        for node in &mut nodes {
+            node.extra.insert("clusterCIDR".into(), json!(cluster_cidr));
+            node.extra.insert("ipMasq".into(), json!(true));
+            if pod_network == PodNetwork::Bridge {
+                reference_node_setup(node, cluster_cidr)?;
+            }
+        }
+        let runtimes = [Runtime::for_testbed(&nodes[0]), Runtime::for_testbed(&nodes[1])];
+        let lists = [
+            runtimes[0].load(&conflist(&nodes[0], pod_network))?,
+            runtimes[1].load(&conflist(&nodes[1], pod_network))?,
+        ];
+        Ok(Self { nodes, ext, host, lan, pod_network, runtimes, lists })
+    }
+
+    /// A new pod on `node` (0 or 1), ADDed through the node's conflist.
+    pub fn add_pod(&mut self, node: usize) -> Result<LanPod> {
+        self.add_pod_with_port_mappings(node, json!([]))
+    }
+
+    /// A new pod on `node` whose `host_port` (TCP) leads to its `container_port`, by portmap.
+    pub fn add_pod_with_host_port(&mut self, node: usize, host_port: u16, container_port: u16) -> Result<LanPod> {
+        let mapping = json!([{ "hostPort": host_port, "containerPort": container_port, "protocol": "tcp" }]);
+        self.add_pod_with_port_mappings(node, mapping)
+    }
+
+    fn add_pod_with_port_mappings(&mut self, node: usize, mappings: Value) -> Result<LanPod> {
+        let tb = &mut self.nodes[node];
+        let pod = tb.new_pod()?;
+        let mut sandbox = tb.sandbox(pod);
+        sandbox.capability_args.insert("portMappings".into(), mappings);
+        let result = self.runtimes[node].add(&self.lists[node], &sandbox)?;
+        let address = result["ips"][0]["address"].as_str().context("no address in the ADD result")?;
+        let ip = address.split('/').next().unwrap_or_default().parse()?;
+        Ok(LanPod { netns: tb.pods[pod].netns.name.clone(), ip })
+    }
+
+    /// The MAC address of `node`'s eth0: what its frames on the LAN come from.
+    pub fn node_mac(&self, node: usize) -> Result<[u8; 6]> {
+        let out = run_in(&self.nodes[node].node.name, "ip", &["-j", "link", "show", "dev", "eth0"])?;
+        let links: Value = serde_json::from_slice(&out.stdout)?;
+        let text = links[0]["address"].as_str().context("eth0 without a MAC")?;
+        let bytes: Vec<u8> = text.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>()?;
+        bytes.try_into().map_err(|_| anyhow::anyhow!("MAC of the wrong length: {text}"))
+    }
+}
+
+/// A veth from the LAN bridge (`port`, in `lan`) to `eth0` in `ns`, with `cidr` on `eth0`.
+fn join(lan: &str, port: &str, ns: &str, cidr: &str) -> Result<()> {
+    let peer = format!("/run/netns/{ns}");
+    run_in(lan, "ip", &["link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &peer])?;
+    run_in(lan, "ip", &["link", "set", port, "master", "lan0", "up"])?;
+    run_in(ns, "ip", &["link", "set", "eth0", "up"])?;
+    run_in(ns, "ip", &["addr", "add", cidr, "dev", "eth0"])?;
+    Ok(())
+}
+
+/// The node's conflist: ebpf-cni or the reference bridge, then portmap.
+fn conflist(node: &Testbed, pod_network: PodNetwork) -> Value {
+    let portmap = json!({ "type": "portmap", "capabilities": { "portMappings": true } });
+    match pod_network {
+        PodNetwork::EbpfCni => node.conflist("1.0.0", vec![portmap]),
+        PodNetwork::Bridge => json!({
+            "cniVersion": "1.0.0",
+            "name": node.network,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": true,
+                    "hairpinMode": true,
+                    "mtu": TEST_MTU,
+                    "ipam": {
+                        "type": "host-local",
+                        "subnet": node.subnet,
+                        "dataDir": node.data_dir(),
+                        "routes": [{ "dst": "0.0.0.0/0" }],
+                    },
+                },
+                portmap,
+            ],
+        }),
+    }
+}
+
+/// What a node needs around the reference bridge: bridged pod-to-pod packets through
+/// netfilter (kube-proxy's requirement, so a same-node endpoint's reply is un-DNATed), and
+/// pods masqueraded toward anything outside the cluster (and not the node itself).
+fn reference_node_setup(node: &Testbed, cluster_cidr: &str) -> Result<()> {
+    let ns = &node.node.name;
+    run_in(ns, "sysctl", &["-qw", "net.bridge.bridge-nf-call-iptables=1"])?;
+    let rule = [
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-s",
+        &node.subnet,
+        "!",
+        "-d",
+        cluster_cidr,
+        "-m",
+        "addrtype",
+        "!",
+        "--dst-type",
+        "LOCAL",
+        "-m",
+        "comment",
+        "--comment",
+        "ipMasq with clusterCIDR",
+        "-j",
+        "MASQUERADE",
+    ];
+    run_in(ns, "iptables", &rule).map(drop)
+}
