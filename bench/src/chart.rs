@@ -1,5 +1,6 @@
 //! The run as one SVG: a row per figure, a bar per path scaled to the row's largest value, the
-//! median printed at the end of each bar, and which way is better beside the figure's name.
+//! median printed at the end of each bar, a whisker across each bar from its lowest to its
+//! highest round, and which way is better beside the figure's name.
 use std::fmt::Write as _;
 
 use crate::{
@@ -26,7 +27,8 @@ pub fn svg(title: &str, figures: &[Figure]) -> String {
     let mut y = 60;
     for f in figures {
         let paths: Vec<(Path, f64)> = Path::ALL.iter().filter_map(|p| Some((*p, f.median(*p)?))).collect();
-        let max = paths.iter().map(|(_, v)| *v).fold(0.0, f64::max);
+        let highest_round = Path::ALL.iter().filter_map(|p| Some(f.spread(*p)?.1));
+        let max = paths.iter().map(|(_, v)| *v).chain(highest_round).fold(0.0, f64::max);
         let height = paths.len() * (BAR_H + 2) + 14;
         let better = if f.better == Better::Higher { "higher is better" } else { "lower is better" };
         let _ = write!(
@@ -49,6 +51,14 @@ pub fn svg(title: &str, figures: &[Figure]) -> String {
                 top + BAR_H - 2,
                 number(*value)
             );
+            if let Some((lo, hi)) = f.spread(*path).filter(|_| max > 0.0) {
+                let (x1, x2) = (LABEL_W as f64 + lo / max * BAR_W, LABEL_W as f64 + hi / max * BAR_W);
+                let mid = top + BAR_H / 2;
+                let _ = write!(
+                    body,
+                    r##"<line x1="{x1:.1}" x2="{x2:.1}" y1="{mid}" y2="{mid}" stroke="#111" stroke-width="1.5"/>"##
+                );
+            }
         }
         let _ = write!(body, r##"<line x1="8" x2="{WIDTH}" y1="{0}" y2="{0}" stroke="#e5e7eb"/>"##, y + height - 6);
         y += height;

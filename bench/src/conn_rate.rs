@@ -14,9 +14,17 @@ use std::{
 use anyhow::{Context, Result};
 use ebpf_cni_tests::traffic::{in_netns, tcp_listener};
 
-pub fn per_second(client_ns: &str, server_ns: &str, server: SocketAddrV4, seconds: u32) -> Result<f64> {
+/// The server listens on `listen`; the client dials `dial` (the same address, or a Service's).
+pub fn per_second(
+    client_ns: &str,
+    server_ns: &str,
+    listen: SocketAddrV4,
+    dial: SocketAddrV4,
+    seconds: u32,
+) -> Result<f64> {
     crate::cpu::wait_idle()?;
-    let listener = tcp_listener(server_ns, server)?;
+    let listener = tcp_listener(server_ns, listen)?;
+    let server = dial;
     let stop = Arc::new(AtomicBool::new(false));
     let serving = {
         let stop = stop.clone();

@@ -95,12 +95,10 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                     let (pod, ms) = node.add()?;
                     batch.push(pod);
                     adds.push(ms);
-                    add99.record(path, ms);
                 }
                 for pod in batch {
                     let ms = node.del(pod)?;
                     dels.push(ms);
-                    del99.record(path, ms);
                 }
                 eprintln!(
                     "control {level:3} pods round {round} {:8}: ADD p50 {:.1} ms, DEL p50 {:.1} ms",
@@ -110,6 +108,8 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                 );
                 add.record(path, adds.median());
                 del.record(path, dels.median());
+                add99.record_round(path, &adds);
+                del99.record_round(path, &dels);
             }
         }
         add_p50_by_level.push(add.values.iter().map(|(p, s)| (*p, s.median())).collect::<Vec<_>>());

@@ -7,6 +7,9 @@ use serde_json::Value;
 
 use crate::{cpu, proc::Background, topology::Pair};
 
+/// iperf3's default port, TCP (control and streams) and UDP (datagrams).
+pub const PORT: u16 = 5201;
+
 /// Where iperf3's client and server run. Both `None`: wherever the scheduler puts them.
 #[derive(Clone, Copy)]
 pub struct Placement {
@@ -65,7 +68,7 @@ fn run(pair: &Pair, seconds: u32, at: Placement, extra: &[String]) -> Result<Val
     // iperf3 -s listens within milliseconds; one retry covers a slow start.
     sleep(Duration::from_millis(200));
     let secs = seconds.to_string();
-    let mut args: Vec<&str> = vec!["-c", &pair.server_ip, "-t", &secs, "-J"];
+    let mut args: Vec<&str> = vec!["-c", &pair.dial_ip, "-t", &secs, "-J"];
     args.extend(extra.iter().map(String::as_str));
     let client = || crate::proc::output_in(&pair.client_ns, at.client_cpu, "iperf3", &args);
     let out = client().or_else(|_| {
@@ -74,7 +77,7 @@ fn run(pair: &Pair, seconds: u32, at: Placement, extra: &[String]) -> Result<Val
     })?;
     let report: Value = serde_json::from_str(&out).context("iperf3 -J output")?;
     if let Some(error) = report["error"].as_str() {
-        bail!("iperf3 {} -> {}: {error}", pair.client_ns, pair.server_ip);
+        bail!("iperf3 {} -> {}: {error}", pair.client_ns, pair.dial_ip);
     }
     Ok(report)
 }

@@ -8,10 +8,12 @@ mod conn_rate;
 mod control;
 mod cpu;
 mod datapath;
+mod hold;
 mod iperf;
 mod masquerade;
 mod proc;
 mod report;
+mod service;
 mod sockperf;
 mod stats;
 mod topology;
@@ -31,7 +33,9 @@ struct Cli {
     /// A few seconds per section: checks every figure is produced; writes nothing in the tree.
     #[arg(long)]
     smoke: bool,
-    /// Sections to run (default: all).
+    /// Sections to run (default: datapath, masquerade, control). `service` runs only when named:
+    /// ebpf-cni's replies skip conntrack's un-DNAT until issue 17's datapath change, so the
+    /// section stops at its first connection.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
     /// Rounds (each path measured once per round).
@@ -43,6 +47,16 @@ struct Cli {
     /// Where the results go (default: bench/results).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Build one pod → pod path, print its namespaces and keep it until Enter; measures nothing.
+    #[arg(long, value_enum)]
+    hold: Option<HoldPath>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum HoldPath {
+    EbpfCni,
+    Bridge,
+    BareVeth,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -50,7 +64,12 @@ enum Section {
     Datapath,
     Masquerade,
     Control,
+    /// Pod → ClusterIP → pod through kube-proxy's rules.
+    Service,
 }
+
+/// What runs when `--only` is not given.
+const DEFAULT_SECTIONS: [Section; 3] = [Section::Datapath, Section::Masquerade, Section::Control];
 
 /// How long and how much each section measures.
 pub struct Settings {
@@ -84,6 +103,14 @@ fn run_bench(cli: Cli) -> Result<()> {
         Some(binary) => Plugin { binary: binary.clone() },
         None => Plugin::from_env()?,
     };
+    if let Some(hold) = cli.hold {
+        let path = match hold {
+            HoldPath::EbpfCni => topology::Path::EbpfCni,
+            HoldPath::Bridge => topology::Path::Bridge,
+            HoldPath::BareVeth => topology::Path::BareVeth,
+        };
+        return hold::run(path, &ours);
+    }
     let settings = if cli.smoke {
         Settings { rounds: 1, seconds: 1, latency_seconds: 1, pod_levels: vec![0, 2, 4], batch: 2 }
     } else {
@@ -95,7 +122,14 @@ fn run_bench(cli: Cli) -> Result<()> {
             batch: 10,
         }
     };
-    let wanted = |s: Section| cli.only.is_empty() || cli.only.contains(&s);
+    if !cli.smoke && cli.rounds < 5 {
+        eprintln!(
+            "bench: {} rounds: one round's drift on this VM moves a figure by 10–20 %; judge on 5 or more",
+            cli.rounds
+        );
+    }
+    let load_before = load_average()?;
+    let wanted = |s: Section| if cli.only.is_empty() { DEFAULT_SECTIONS.contains(&s) } else { cli.only.contains(&s) };
     let mut figures = Vec::new();
     if wanted(Section::Datapath) {
         figures.extend(datapath::run(&settings, &ours)?);
@@ -103,11 +137,16 @@ fn run_bench(cli: Cli) -> Result<()> {
     if wanted(Section::Masquerade) {
         figures.extend(masquerade::run(&settings, &ours)?);
     }
+    if wanted(Section::Service) {
+        figures.extend(service::run(&settings, &ours)?);
+    }
     if wanted(Section::Control) {
         figures.extend(control::run(&settings, &ours)?);
     }
     let table = report::table(&figures);
-    println!("{table}");
+    println!(
+        "median (lowest–highest round) per path; ÷: ratio of the medians (lowest–highest per-round ratio)\n{table}"
+    );
     let incomplete: Vec<&str> = figures.iter().filter(|f| !f.complete()).map(|f| f.name.as_str()).collect();
     ensure!(incomplete.is_empty(), "figures without a value: {incomplete:?}");
 
@@ -120,7 +159,7 @@ fn run_bench(cli: Cli) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let (md, svg) = (dir.join(format!("{date}.md")), dir.join(format!("{date}.svg")));
     let title = format!("ebpf-cni vs bridge, {date}");
-    std::fs::write(&md, markdown(&title, &settings, &table)?)?;
+    std::fs::write(&md, markdown(&title, &settings, &load_before, &table)?)?;
     std::fs::write(&svg, chart::svg(&title, &figures))?;
     if cli.smoke && cli.out.is_none() {
         for file in [&md, &svg] {
@@ -134,15 +173,23 @@ fn run_bench(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-fn markdown(title: &str, s: &Settings, table: &str) -> Result<String> {
+/// The 1, 5 and 15 minute load averages, as /proc/loadavg prints them.
+fn load_average() -> Result<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
+    Ok(text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
+fn markdown(title: &str, s: &Settings, load_before: &str, table: &str) -> Result<String> {
     let kernel = String::from_utf8(run("uname", &["-r"])?.stdout)?;
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     Ok(format!(
         "# {title}\n\n\
-         Kernel {}, {cpus} CPUs. {} rounds; each round measures every path once, in a rotating order. \
+         Kernel {}, {cpus} CPUs, load average {load_before} when the run started. {} rounds; each round measures every path once, in a rotating order. \
          iperf3 runs {} s, sockperf and connection-rate runs {} s; ADD/DEL: {} pods added then deleted per \
-         plugin, round and level. Values are medians over rounds (p99 rows: over all samples); \
-         \"÷\" columns are the median of the per-round ratios of ebpf-cni to that path. \
+         plugin, round and level. Each cell is the median over rounds with, in parentheses, the spread \
+         of the rounds (lowest–highest round); p99 rows: the p99 of all samples, and the spread of the \
+         rounds' own p99s. \"÷\" columns are ebpf-cni's median divided by that path's, with the lowest–highest \
+         per-round ratio in parentheses; targets are judged on the ratio of the medians. \
          Placement: TCP 1 stream and UDP with the client on CPU 0 and the server on CPU 1, TCP 4 streams \
          unpinned, ping-pong client and server both on CPU 1. MTU 1500 on every path.\n\n{table}",
         kernel.trim(),

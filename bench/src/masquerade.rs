@@ -38,7 +38,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
             let upload = iperf::tcp(&pair, s.seconds, 1, SPLIT, false)?;
             let download = iperf::tcp(&pair, s.seconds, 1, SPLIT, true)?;
             let server = SocketAddrV4::new(EXT_SERVER.parse()?, CONN_PORT);
-            let rate = conn_rate::per_second(&pair.client_ns, &pair.server_ns, server, s.latency_seconds)?;
+            let rate = conn_rate::per_second(&pair.client_ns, &pair.server_ns, server, server, s.latency_seconds)?;
             eprintln!(
                 "masquerade round {round} {:8}: {:.2} Gbit/s up ({} retr), {:.2} down, {:.0} conn/s",
                 path.name(),

@@ -1,6 +1,7 @@
-//! The figures of a run and their table: per path the median over rounds, and per pair of paths
-//! the median of the per-round ratios (each round measured every path back to back, so a ratio
-//! within a round cancels drift that a ratio of medians would keep).
+//! The figures of a run and their table: per path the median over rounds with the spread of the
+//! rounds (min–max) beside it, and per pair of paths the ratio of the medians with the spread of
+//! the per-round ratios beside it (each round measured every path back to back, so how far a
+//! round's ratio strays shows how much the drift of this machine moved it).
 use std::fmt::Write as _;
 
 use crate::{stats::Samples, topology::Path};
@@ -11,8 +12,8 @@ pub enum Better {
     Lower,
 }
 
-/// A bound on ebpf-cni's value: relative to another path's (median of per-round ratios), or
-/// on the value itself.
+/// A bound on ebpf-cni's value: relative to another path's (ratio of the medians), or on the
+/// value itself.
 #[derive(Clone, Copy)]
 pub struct Target {
     pub against: Option<Path>,
@@ -24,21 +25,23 @@ pub struct Figure {
     pub name: String,
     pub unit: &'static str,
     pub better: Better,
-    /// One value per round for each path measured, in round order; with `pooled_p99`, every
-    /// sample of every round.
+    /// One value per round for each path measured, in round order (for a pooled figure, the
+    /// round's own 99th percentile).
     pub values: Vec<(Path, Samples)>,
     pub target: Option<Target>,
-    /// The figure is the 99th percentile of all samples (and its ratio the ratio of those).
-    pub pooled_p99: bool,
+    /// With [`Figure::pooled_p99`]: every sample of every round, per path; the figure is their
+    /// 99th percentile (one round holds too few samples for a p99 of its own to mean much).
+    pub pooled: Option<Vec<(Path, Samples)>>,
 }
 
 impl Figure {
     pub fn new(section: &'static str, name: impl Into<String>, unit: &'static str, better: Better) -> Self {
-        Self { section, name: name.into(), unit, better, values: Vec::new(), target: None, pooled_p99: false }
+        Self { section, name: name.into(), unit, better, values: Vec::new(), target: None, pooled: None }
     }
 
+    /// The figure is the 99th percentile of all samples; record rounds with [`Figure::record_round`].
     pub fn pooled_p99(mut self) -> Self {
-        self.pooled_p99 = true;
+        self.pooled = Some(Vec::new());
         self
     }
 
@@ -47,32 +50,46 @@ impl Figure {
         self
     }
 
+    /// A round's value for `path`.
     pub fn record(&mut self, path: Path, value: f64) {
-        match self.values.iter_mut().find(|(p, _)| *p == path) {
-            Some((_, samples)) => samples.push(value),
-            None => self.values.push((path, [value].into_iter().collect())),
+        push(&mut self.values, path, [value].into_iter().collect());
+    }
+
+    /// Every sample of a round of a pooled figure (and the round's own p99, for its spread).
+    pub fn record_round(&mut self, path: Path, samples: &Samples) {
+        self.record(path, samples.p99());
+        if let Some(pooled) = &mut self.pooled {
+            push(pooled, path, samples.clone());
         }
     }
 
     pub fn samples(&self, path: Path) -> Option<&Samples> {
-        self.values.iter().find(|(p, _)| *p == path).map(|(_, s)| s)
+        find(&self.values, path)
     }
 
     /// The figure's value for a path: the median over rounds (or the pooled p99).
     pub fn median(&self, path: Path) -> Option<f64> {
-        let samples = self.samples(path)?;
-        Some(if self.pooled_p99 { samples.p99() } else { samples.median() })
+        match &self.pooled {
+            Some(pooled) => Some(find(pooled, path)?.p99()),
+            None => Some(self.samples(path)?.median()),
+        }
     }
 
-    /// Median over rounds of ebpf-cni's value divided by `other`'s in the same round (or the
-    /// ratio of the pooled p99s).
+    /// The lowest and highest round for a path.
+    pub fn spread(&self, path: Path) -> Option<(f64, f64)> {
+        self.samples(path)?.range()
+    }
+
+    /// ebpf-cni's value divided by `other`'s.
     pub fn ratio(&self, other: Path) -> Option<f64> {
-        if self.pooled_p99 {
-            return Some(self.median(Path::EbpfCni)? / self.median(other)?).filter(|r| r.is_finite());
-        }
+        Some(self.median(Path::EbpfCni)? / self.median(other)?).filter(|r| r.is_finite())
+    }
+
+    /// The lowest and highest of the per-round ratios of ebpf-cni to `other`.
+    pub fn ratio_spread(&self, other: Path) -> Option<(f64, f64)> {
         let (ours, theirs) = (self.samples(Path::EbpfCni)?, self.samples(other)?);
         let ratios: Samples = ours.values().iter().zip(theirs.values()).map(|(a, b)| a / b).collect();
-        Some(ratios.median()).filter(|r| r.is_finite())
+        ratios.range().filter(|(lo, hi)| lo.is_finite() && hi.is_finite())
     }
 
     /// Whether ebpf-cni meets the target (None: no target, or nothing to judge it by).
@@ -104,14 +121,22 @@ impl Figure {
     }
 }
 
-/// The Markdown table: one row per figure.
+/// The Markdown table: one row per figure; every cell is "median (min–max over rounds)".
 pub fn table(figures: &[Figure]) -> String {
     let mut out = String::new();
     out.push_str("| section | figure | unit | ebpf-cni | bridge | bare veth | loopback | ÷ bridge | ÷ bare veth | target | met |\n");
     out.push_str("|---|---|---|--:|--:|--:|--:|--:|--:|---|---|\n");
     for f in figures {
-        let cell = |p: Path| f.median(p).map_or("–".into(), number);
-        let ratio = |p: Path| f.ratio(p).map_or("–".into(), |r| format!("{r:.2}×"));
+        let cell = |p: Path| match (f.median(p), f.spread(p)) {
+            (Some(m), Some((lo, hi))) if lo < hi => format!("{} ({}–{})", number(m), number(lo), number(hi)),
+            (Some(m), _) => number(m),
+            (None, _) => "–".into(),
+        };
+        let ratio = |p: Path| match (f.ratio(p), f.ratio_spread(p)) {
+            (Some(r), Some((lo, hi))) if lo < hi => format!("{r:.2}× ({lo:.2}–{hi:.2})"),
+            (Some(r), _) => format!("{r:.2}×"),
+            (None, _) => "–".into(),
+        };
         let met = match f.met() {
             Some(true) => "yes",
             Some(false) => "**no**",
@@ -135,6 +160,17 @@ pub fn table(figures: &[Figure]) -> String {
     out
 }
 
+fn find(values: &[(Path, Samples)], path: Path) -> Option<&Samples> {
+    values.iter().find(|(p, _)| *p == path).map(|(_, s)| s)
+}
+
+fn push(values: &mut Vec<(Path, Samples)>, path: Path, samples: Samples) {
+    match values.iter_mut().find(|(p, _)| *p == path) {
+        Some((_, all)) => all.extend(&samples),
+        None => values.push((path, samples)),
+    }
+}
+
 /// Three significant digits, no exponent.
 pub fn number(v: f64) -> String {
     match v.abs() {
@@ -142,5 +178,37 @@ pub fn number(v: f64) -> String {
         a if a >= 10.0 => format!("{v:.1}"),
         a if a >= 1.0 => format!("{v:.2}"),
         _ => format!("{v:.3}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figure() -> Figure {
+        let mut f = Figure::new("s", "f", "u", Better::Higher).target(Some(Path::BareVeth), 0.95);
+        for (ours, veth) in [(9.0, 10.0), (10.0, 10.0), (12.0, 11.0)] {
+            f.record(Path::EbpfCni, ours);
+            f.record(Path::BareVeth, veth);
+        }
+        f
+    }
+
+    #[test]
+    fn cells_show_the_median_and_the_rounds_spread() {
+        let row = table(&[figure()]);
+        assert!(row.contains("| 10.0 (9.00–12.0) |"), "{row}");
+        // ratio of the medians 10/10, per-round ratios 0.90, 1.00, 1.09
+        assert!(row.contains("| 1.00× (0.90–1.09) |"), "{row}");
+        assert!(row.contains("| yes |"), "{row}");
+    }
+
+    #[test]
+    fn pooled_p99_is_over_every_sample_and_its_spread_over_rounds() {
+        let mut f = Figure::new("s", "f", "ms", Better::Lower).pooled_p99();
+        f.record_round(Path::EbpfCni, &[1.0, 2.0, 3.0].into_iter().collect());
+        f.record_round(Path::EbpfCni, &[4.0, 5.0, 9.0].into_iter().collect());
+        assert_eq!(f.median(Path::EbpfCni), Some(9.0));
+        assert_eq!(f.spread(Path::EbpfCni), Some((3.0, 9.0)));
     }
 }

@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 
 use crate::{proc::Background, topology::Pair};
 
-const PORT: &str = "11111";
+/// Where sockperf listens (a Service in front of it forwards this port).
+pub const PORT: u16 = 11111;
 
 #[derive(Clone, Copy)]
 pub enum Protocol {
@@ -26,12 +27,13 @@ pub fn ping_pong(pair: &Pair, protocol: Protocol, seconds: u32, cpu: usize) -> R
         Protocol::Udp => &[],
     };
     crate::cpu::wait_idle()?;
-    let mut server = vec!["sr", "-i", &pair.server_ip, "-p", PORT];
+    let port = PORT.to_string();
+    let mut server = vec!["sr", "-i", &pair.server_ip, "-p", &port];
     server.extend(tcp);
     let _server = Background::spawn_in(&pair.server_ns, Some(cpu), "sockperf", &server)?;
     sleep(Duration::from_millis(300));
     let secs = seconds.to_string();
-    let mut client = vec!["pp", "-i", &pair.server_ip, "-p", PORT, "-t", &secs, "--full-rtt"];
+    let mut client = vec!["pp", "-i", &pair.dial_ip, "-p", &port, "-t", &secs, "--full-rtt"];
     client.extend(tcp);
     let out = crate::proc::output_in(&pair.client_ns, Some(cpu), "sockperf", &client)?;
     Ok(Latency { p50_us: percentile(&out, "50.000")?, p99_us: percentile(&out, "99.000")? })

@@ -7,6 +7,10 @@ impl Samples {
         self.0.push(v);
     }
 
+    pub fn extend(&mut self, other: &Samples) {
+        self.0.extend_from_slice(&other.0);
+    }
+
     pub fn values(&self) -> &[f64] {
         &self.0
     }
@@ -25,6 +29,13 @@ impl Samples {
 
     pub fn p99(&self) -> f64 {
         self.quantile(0.99)
+    }
+
+    /// The smallest and the largest sample; None when empty.
+    pub fn range(&self) -> Option<(f64, f64)> {
+        let min = self.0.iter().copied().reduce(f64::min)?;
+        let max = self.0.iter().copied().reduce(f64::max)?;
+        Some((min, max))
     }
 }
 

@@ -64,18 +64,21 @@ impl Path {
     }
 }
 
-/// A client and a server namespace, and the server's address.
+/// A client and a server namespace, the server's address, and the address clients dial.
 pub struct Pair {
     pub client_ns: String,
     pub server_ns: String,
+    /// Where the server listens.
     pub server_ip: String,
-    _keep: Keep,
+    /// Where clients connect: the server's own address, or a Service's that leads to it.
+    pub dial_ip: String,
+    keep: Keep,
 }
 
-/// Held only to be dropped with the pair (which removes what it holds).
+/// What the pair holds, removed when it is dropped.
 enum Keep {
     Node {
-        _node: Box<Testbed>,
+        node: Box<Testbed>,
     },
     Namespaces {
         _namespaces: Vec<NetnsGuard>,
@@ -91,7 +94,22 @@ impl Pair {
             client_ns: client_ns.into(),
             server_ns: server_ns.into(),
             server_ip: server_ip.into(),
-            _keep: Keep::Borrowed,
+            dial_ip: server_ip.into(),
+            keep: Keep::Borrowed,
+        }
+    }
+
+    /// The same pair, its clients dialling `ip` (a ClusterIP) instead of the server's address.
+    pub fn dialling(mut self, ip: &str) -> Self {
+        self.dial_ip = ip.into();
+        self
+    }
+
+    /// The node the two pods are on, for a pair built by a CNI plugin.
+    pub fn node(&self) -> Option<&Testbed> {
+        match &self.keep {
+            Keep::Node { node } => Some(node),
+            _ => None,
         }
     }
 }
@@ -119,7 +137,8 @@ pub fn build(path: Path, ours: &Plugin) -> Result<Pair> {
                 client_ns: name.clone(),
                 server_ns: name,
                 server_ip: "127.0.0.1".into(),
-                _keep: Keep::Namespaces { _namespaces: vec![ns] },
+                dial_ip: "127.0.0.1".into(),
+                keep: Keep::Namespaces { _namespaces: vec![ns] },
             })
         }
     }
@@ -142,7 +161,8 @@ fn pods(path: Path, ours: &Plugin) -> Result<Pair> {
         client_ns: tb.pods[0].netns.name.clone(),
         server_ns: tb.pods[1].netns.name.clone(),
         server_ip: ips[1].clone(),
-        _keep: Keep::Node { _node: Box::new(tb) },
+        dial_ip: ips[1].clone(),
+        keep: Keep::Node { node: Box::new(tb) },
     })
 }
 
@@ -160,6 +180,7 @@ fn bare_veth() -> Result<Pair> {
         client_ns: a.name.clone(),
         server_ns: b.name.clone(),
         server_ip: "10.243.0.2".into(),
-        _keep: Keep::Namespaces { _namespaces: vec![a, b] },
+        dial_ip: "10.243.0.2".into(),
+        keep: Keep::Namespaces { _namespaces: vec![a, b] },
     })
 }

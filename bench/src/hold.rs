@@ -1,0 +1,21 @@
+//! `--hold PATH`: builds one pod → pod path as the datapath section does, prints its namespaces
+//! and server address, and keeps it until Enter (or end of input), for looking at it with other
+//! tools meanwhile (perf, bpftool, ethtool, a hand-run iperf3).
+use std::io::BufRead as _;
+
+use anyhow::Result;
+use ebpf_cni_tests::Plugin;
+
+use crate::topology::{self, Path};
+
+pub fn run(path: Path, ours: &Plugin) -> Result<()> {
+    let pair = topology::build(path, ours)?;
+    println!("path {}", path.name());
+    println!("client_ns {}", pair.client_ns);
+    println!("server_ns {}", pair.server_ns);
+    println!("server_ip {}", pair.server_ip);
+    println!("kept until Enter");
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(())
+}
