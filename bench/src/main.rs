@@ -69,7 +69,7 @@ enum Section {
 }
 
 /// What runs when `--only` is not given.
-const DEFAULT_SECTIONS: [Section; 3] = [Section::Datapath, Section::Masquerade, Section::Control];
+const DEFAULT_SECTIONS: [Section; 4] = [Section::Datapath, Section::Masquerade, Section::Service, Section::Control];
 
 /// How long and how much each section measures.
 pub struct Settings {

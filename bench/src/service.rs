@@ -78,6 +78,9 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
 fn through_cluster_ip(path: Path, ours: &Plugin) -> Result<Pair> {
     let pair = topology::build(path, ours)?;
     let node = &pair.node().context("a CNI path has a node")?.node.name;
+    // A packet to a ClusterIP is routed by the node once kube-proxy's DNAT gave it a pod's
+    // address: forwarding must be on, as on every Kubernetes node.
+    run_in(node, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
     if path == Path::Bridge {
         run_in(node, "sysctl", &["-qw", "net.bridge.bridge-nf-call-iptables=1"])?;
     }
