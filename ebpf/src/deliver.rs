@@ -4,14 +4,22 @@
 use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect_peer, programs::TcContext};
 use ebpf_common::{DropReason, Endpoint, ForwardPath};
 
-use crate::maps;
+use network_types::eth::EthHdr;
+
+use crate::{maps, packet};
 
 /// Only valid from a TC ingress hook (the helper's requirement). Counted on `path`.
 #[inline(always)]
 pub fn into_pod(ctx: &TcContext, pod: &Endpoint, path: ForwardPath) -> i32 {
-    let macs = [pod.pod_mac, pod.host_mac];
-    if ctx.store(0, &macs, 0).is_err() {
+    // Written in place (direct packet access), not copied to the stack and stored with
+    // `bpf_skb_store_bytes`: two fewer copies and a helper call per packet.
+    let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {
         return maps::drop(ctx, DropReason::Malformed);
+    };
+    // SAFETY: bounds checked by `header_mut`.
+    unsafe {
+        (*eth).dst_addr = pod.pod_mac;
+        (*eth).src_addr = pod.host_mac;
     }
     // SAFETY: plain helper call.
     let verdict = unsafe { bpf_redirect_peer(pod.host_ifindex, 0) };
