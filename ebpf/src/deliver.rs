@@ -3,7 +3,6 @@
 //! straight into the pod's namespace, without a second pass through the node's stack.
 use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect_peer, programs::TcContext};
 use ebpf_common::{DropReason, Endpoint, ForwardPath};
-
 use network_types::eth::EthHdr;
 
 use crate::{maps, packet};
