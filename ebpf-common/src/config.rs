@@ -1,7 +1,7 @@
 //! Load-time configuration of a network's datapath: set as a global when the programs are
 //! loaded (once per network), read by every program. Fixed until the network's last pod is gone.
 
-/// The datapath's settings. IPv4 for now; IPv6 fields will be added with a layout bump.
+/// The datapath's settings. The IPv6 fields come last: the previous layout's are a prefix.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DatapathConfig {
@@ -27,6 +27,13 @@ pub struct DatapathConfig {
     pub pad2: [u8; 3],
     /// New masqueraded flows one pod may open per minute (`POD_FLOWS`); 0: no limit.
     pub pod_flows_per_minute: u32,
+    /// The cluster's IPv6 pod addresses (prefix 0: the network has no IPv6).
+    pub cluster_ipv6: [u8; 16],
+    pub cluster_prefix6: u8,
+    /// This node's IPv6 pod subnet, as `node_pods_ipv4` (prefix 0: none set).
+    pub node_pods_prefix6: u8,
+    pub pad3: [u8; 2],
+    pub node_pods_ipv6: [u8; 16],
 }
 
 impl DatapathConfig {
@@ -42,6 +49,12 @@ impl DatapathConfig {
         self.node_pods_prefix != 0 && in_prefix(addr, self.node_pods_ipv4, self.node_pods_prefix)
     }
 
+    /// Whether `addr` is in the cluster's IPv6 range (none set: never).
+    #[inline(always)]
+    pub fn in_cluster6(&self, addr: &[u8; 16]) -> bool {
+        self.cluster_prefix6 != 0 && in_prefix6(addr, &self.cluster_ipv6, self.cluster_prefix6)
+    }
+
     /// Whether `port` is one masquerade hands out.
     #[inline(always)]
     pub fn is_masq_port(&self, port: u16) -> bool {
@@ -53,6 +66,26 @@ impl DatapathConfig {
 fn in_prefix(addr: [u8; 4], network: [u8; 4], prefix: u8) -> bool {
     let mask = prefix_mask(prefix);
     u32::from_be_bytes(addr) & mask == u32::from_be_bytes(network) & mask
+}
+
+/// Compared as two 64-bit halves: BPF has no 128-bit arithmetic worth the instructions.
+#[inline(always)]
+fn in_prefix6(addr: &[u8; 16], network: &[u8; 16], prefix: u8) -> bool {
+    let half = |a: &[u8; 16], at: usize| {
+        u64::from_be_bytes([a[at], a[at + 1], a[at + 2], a[at + 3], a[at + 4], a[at + 5], a[at + 6], a[at + 7]])
+    };
+    let (high, low) = (prefix.min(64), prefix.saturating_sub(64).min(64));
+    half(addr, 0) & mask64(high) == half(network, 0) & mask64(high)
+        && half(addr, 8) & mask64(low) == half(network, 8) & mask64(low)
+}
+
+#[inline(always)]
+const fn mask64(prefix: u8) -> u64 {
+    match prefix {
+        0 => 0,
+        1..=63 => u64::MAX << (64 - prefix as u32),
+        _ => u64::MAX,
+    }
 }
 
 #[inline(always)]
@@ -77,5 +110,21 @@ mod tests {
         assert!(all.in_cluster([8, 8, 8, 8]));
         let host = DatapathConfig { cluster_ipv4: [10, 0, 0, 1], cluster_prefix: 32, ..Default::default() };
         assert!(host.in_cluster([10, 0, 0, 1]) && !host.in_cluster([10, 0, 0, 2]));
+    }
+
+    #[test]
+    fn ipv6_cluster_membership() {
+        let v6 = |s: &str| s.parse::<core::net::Ipv6Addr>().unwrap().octets();
+        let none = DatapathConfig::default();
+        assert!(!none.in_cluster6(&v6("fd00::1")), "no IPv6 range: nothing is in it");
+        for (prefix, inside, outside) in [
+            (56, "fd00:10:244:ff::9", "fd00:10:245::1"),
+            (96, "fd00:10:244::7:1", "fd00:10:244::1:0:1"),
+            (128, "fd00:10:244::", "fd00:10:244::1"),
+        ] {
+            let c = DatapathConfig { cluster_ipv6: v6("fd00:10:244::"), cluster_prefix6: prefix, ..Default::default() };
+            assert!(c.in_cluster6(&v6(inside)), "/{prefix} {inside}");
+            assert!(!c.in_cluster6(&v6(outside)), "/{prefix} {outside}");
+        }
     }
 }

@@ -5,11 +5,13 @@
 pub enum DropReason {
     /// A header was shorter than its type requires.
     Malformed = 1,
-    /// IPv4 source address is not the address of the pod behind this interface.
+    /// The source address (IPv4, IPv6 global or link-local) is not an address of the pod behind
+    /// this interface, or an IPv6 link-local or unspecified source is used beyond its link.
     SpoofedSource = 2,
     /// ARP sender address is not the address of the pod behind this interface.
     SpoofedArp = 3,
-    /// Neither IPv4 nor ARP (IPv6 is not enabled yet; VLAN tags and others are not allowed).
+    /// Neither IPv4, IPv6 nor ARP (VLAN tags, LLDP and others are not allowed), or IPv6 in a
+    /// network without IPv6 addresses.
     UnsupportedProtocol = 4,
     /// The redirect helper refused the target interface.
     RedirectFailed = 5,
@@ -25,11 +27,14 @@ pub enum DropReason {
     NotAPod = 8,
     /// The pod opened as many masqueraded flows this minute as `masqPodFlowsPerMinute` allows.
     NatPodLimit = 9,
+    /// An IPv6 neighbour advertisement for an address that is not the pod's, or with a MAC that
+    /// is not the pod's: IPv6's `SpoofedArp`.
+    SpoofedNeighbor = 10,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -39,6 +44,7 @@ impl DropReason {
         Self::NatUntranslatable,
         Self::NotAPod,
         Self::NatPodLimit,
+        Self::SpoofedNeighbor,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -55,6 +61,7 @@ impl DropReason {
             Self::NatUntranslatable => "nat-untranslatable",
             Self::NotAPod => "not-a-pod",
             Self::NatPodLimit => "nat-pod-limit",
+            Self::SpoofedNeighbor => "spoofed-neighbor",
         }
     }
 

@@ -22,7 +22,17 @@ impl IpKey {
         // invalid values; `from_ne_bytes` keeps each byte where its field is.
         unsafe { core::mem::transmute::<[u32; 5], IpKey>(words) }
     }
+
+    /// An IPv6 address's key.
+    pub const fn v6(addr: [u8; 16]) -> Self {
+        IpKey { family: FAMILY_IPV6, pad: [0; 3], addr }
+    }
 }
+
+/// `Endpoint::flags`: the key is the pod's IPv6 link-local address. It vouches for the pod's
+/// own link-local traffic (neighbour discovery, MLD) and is never a destination: link-local
+/// packets stay on their link.
+pub const ENDPOINT_LINK_LOCAL: u32 = 1;
 
 /// An IPv4 address in a 16-byte address field: the four octets first, the rest zero.
 pub const fn ipv4_in_16(a: [u8; 4]) -> [u8; 16] {
@@ -35,7 +45,7 @@ pub const fn ipv4_in_16(a: [u8; 4]) -> [u8; 16] {
 pub struct Endpoint {
     /// Index of the host-side veth in the node namespace (the target of `bpf_redirect_peer`).
     pub host_ifindex: u32,
-    /// Reserved for per-endpoint policy bits; zero today.
+    /// [`ENDPOINT_LINK_LOCAL`] or 0.
     pub flags: u32,
     /// Which attachment (container ID + ifname) owns the entry, so that DEL and GC find it
     /// whatever the IPAM plugin and even when the veth is already gone.

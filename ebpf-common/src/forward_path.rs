@@ -27,11 +27,14 @@ pub enum ForwardPath {
     StackFlow = 7,
     /// Out of the uplink with the pod's own address: its replies to a flow opened from outside.
     NotMasqueraded = 8,
+    /// Answered by the datapath itself, back into the pod: ARP requests and IPv6 neighbour
+    /// solicitations for the pod's gateway (or any address but the pod's own).
+    Answered = 9,
 }
 
 impl ForwardPath {
     /// Every path, in number order.
-    pub const ALL: [ForwardPath; 9] = [
+    pub const ALL: [ForwardPath; 10] = [
         Self::PodToPod,
         Self::ToOtherNode,
         Self::ToStack,
@@ -41,6 +44,7 @@ impl ForwardPath {
         Self::UplinkToStack,
         Self::StackFlow,
         Self::NotMasqueraded,
+        Self::Answered,
     ];
 
     /// Size of `FORWARDED`: one slot per path.
@@ -57,6 +61,7 @@ impl ForwardPath {
             Self::UplinkToStack => "uplink-to-stack",
             Self::StackFlow => "stack-flow",
             Self::NotMasqueraded => "not-masqueraded",
+            Self::Answered => "answered",
         }
     }
 

@@ -2,7 +2,7 @@
 //! That makes every destination, the gateway included, one hop away through `from_pod`, with no
 //! bridge and no proxy-ARP sysctl in the node.
 use aya_ebpf::{helpers::bpf_redirect, programs::TcContext};
-use ebpf_common::{DropReason, IpKey};
+use ebpf_common::{DropReason, ForwardPath, IpKey};
 use network_types::{arp::ArpHdr, eth::EthHdr};
 
 use crate::{maps, packet};
@@ -41,5 +41,5 @@ pub fn handle(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     eth.src_addr = own.host_mac;
     // Back out of the same veth: its egress is the pod's ingress.
     // SAFETY: plain helper call.
-    unsafe { bpf_redirect(own.host_ifindex, 0) as i32 }
+    maps::forwarded(ctx, ForwardPath::Answered, unsafe { bpf_redirect(own.host_ifindex, 0) } as i32)
 }

@@ -16,6 +16,11 @@ static CONFIG: DatapathConfig = DatapathConfig {
     node_pods_prefix: 0,
     pad2: [0; 3],
     pod_flows_per_minute: 0,
+    cluster_ipv6: [0; 16],
+    cluster_prefix6: 0,
+    node_pods_prefix6: 0,
+    pad3: [0; 2],
+    node_pods_ipv6: [0; 16],
 };
 
 /// The settings. A volatile read, or the compiler would fold the zero initialiser.

@@ -148,6 +148,12 @@ pub fn is_ipv4(ctx: &TcContext) -> bool {
     ctx.load::<u16>(at).is_ok_and(|t| t == EtherType::Ipv4 as u16)
 }
 
+#[inline(always)]
+pub fn is_ipv6(ctx: &TcContext) -> bool {
+    let at = core::mem::offset_of!(EthHdr, ether_type);
+    ctx.load::<u16>(at).is_ok_and(|t| t == EtherType::Ipv6 as u16)
+}
+
 /// Source and destination address of an IPv4 packet.
 #[inline(always)]
 pub fn addresses(ctx: &TcContext) -> Result<([u8; 4], [u8; 4]), DropReason> {

@@ -1,9 +1,9 @@
 //! `from_pod`: TC ingress of each host-side veth, i.e. every packet a pod sends.
 //!
 //! 0. Frames shorter than their headers, and IPv4 headers with a bad version or length, are
-//!    dropped (`Malformed`); ethertypes other than IPv4 and ARP (IPv6, VLAN tags, LLDP…) too
+//!    dropped (`Malformed`); ethertypes other than IPv4, IPv6 and ARP (VLAN tags, LLDP…) too
 //!    (`UnsupportedProtocol`).
-//! 1. ARP goes to the responder (`arp.rs`).
+//! 1. ARP goes to the responder (`arp.rs`), IPv6 to `ipv6.rs`.
 //! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing).
 //! 3. IPv4 to another pod on this node is delivered straight into that pod with
 //!    `bpf_redirect_peer` (no second pass through the host stack),
@@ -20,7 +20,7 @@ use network_types::{
     ip::Ipv4Hdr,
 };
 
-use crate::{arp, config, deliver, fib, maps, packet, steer};
+use crate::{arp, config, deliver, fib, ipv6, maps, packet, steer};
 
 pub fn handle(ctx: &TcContext) -> i32 {
     let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {
@@ -34,6 +34,9 @@ pub fn handle(ctx: &TcContext) -> i32 {
     }
     if ether_type == EtherType::Arp as u16 {
         return arp::handle(ctx, eth);
+    }
+    if ether_type == EtherType::Ipv6 as u16 {
+        return ipv6::from_pod(ctx);
     }
     if ether_type != EtherType::Ipv4 as u16 {
         return maps::drop(ctx, DropReason::UnsupportedProtocol);

@@ -1,7 +1,7 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
 //! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
-//! `arp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`, `icmp_error.rs`,
-//! `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`).
+//! `arp.rs`, `ipv6.rs`, `ndp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`,
+//! `icmp_error.rs`, `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -24,7 +24,11 @@ mod from_uplink;
 #[cfg(target_arch = "bpf")]
 mod icmp_error;
 #[cfg(target_arch = "bpf")]
+mod ipv6;
+#[cfg(target_arch = "bpf")]
 mod maps;
+#[cfg(target_arch = "bpf")]
+mod ndp;
 #[cfg(target_arch = "bpf")]
 mod node_sockets;
 #[cfg(target_arch = "bpf")]

@@ -63,6 +63,41 @@ impl Cluster {
     }
 }
 
+/// The external server's IPv6 address, node 1's uplink address and the nodes' underlay ones.
+pub const EXT_SERVER_V6: &str = "fd00:198:51:100::10";
+pub const NODE1_UPLINK_IPV6: &str = "fd00:192:0:2::1";
+pub const EXT_UPLINK_IPV6: &str = "fd00:192:0:2::2";
+pub const UNDERLAY_IPV6S: [&str; 2] = ["fd00:10:254::1", "fd00:10:254::2"];
+
+impl Cluster {
+    /// Makes the cluster dual-stack: IPv6 on the uplink, the outside and the underlay, each
+    /// node's IPv6 pod subnet routed via the other's underlay address, and every pod given one
+    /// address of each family (`clusterCIDR` gets the IPv6 range after the IPv4 one).
+    pub fn add_ipv6(&mut self, cluster_cidr6: &str, subnets6: [&str; 2]) -> Result<()> {
+        let (n1, n2) = (self.nodes[0].node.name.clone(), self.nodes[1].node.name.clone());
+        address6(&n1, "uplink0", &format!("{NODE1_UPLINK_IPV6}/64"))?;
+        address6(&self.ext.name, "eth0", &format!("{EXT_UPLINK_IPV6}/64"))?;
+        address6(&self.ext.name, "lo", &format!("{EXT_SERVER_V6}/128"))?;
+        address6(&n1, "underlay0", &format!("{}/64", UNDERLAY_IPV6S[0]))?;
+        address6(&n2, "underlay0", &format!("{}/64", UNDERLAY_IPV6S[1]))?;
+        run_in(&n1, "ip", &["-6", "route", "add", "default", "via", EXT_UPLINK_IPV6])?;
+        run_in(&n1, "ip", &["-6", "route", "add", subnets6[1], "via", UNDERLAY_IPV6S[1]])?;
+        run_in(&n2, "ip", &["-6", "route", "add", subnets6[0], "via", UNDERLAY_IPV6S[0]])?;
+        for (node, subnet6) in self.nodes.iter_mut().zip(subnets6) {
+            run_in(&node.node.name, "sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
+            let cidrs = format!("{},{cluster_cidr6}", node.extra["clusterCIDR"].as_str().unwrap_or_default());
+            node.extra.insert("clusterCIDR".into(), json!(cidrs));
+            let ipam = json!({
+                "type": "host-local",
+                "ranges": [[{ "subnet": node.subnet }], [{ "subnet": subnet6 }]],
+                "dataDir": node.data_dir(),
+            });
+            node.extra.insert("ipam".into(), ipam);
+        }
+        Ok(())
+    }
+}
+
 /// A veth pair between two namespaces, both ends up.
 fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
     let b = format!("/run/netns/{ns_b}");
@@ -70,6 +105,11 @@ fn veth(ns_a: &str, name_a: &str, ns_b: &str, name_b: &str) -> Result<()> {
     run_in(ns_a, "ip", &["link", "set", name_a, "up"])?;
     run_in(ns_b, "ip", &["link", "set", name_b, "up"])?;
     Ok(())
+}
+
+/// Without duplicate address detection, which would hold the address back for a second.
+fn address6(ns: &str, dev: &str, cidr: &str) -> Result<()> {
+    run_in(ns, "ip", &["-6", "addr", "add", cidr, "dev", dev, "nodad"]).map(drop)
 }
 
 fn address(ns: &str, dev: &str, cidr: &str) -> Result<()> {

@@ -1,5 +1,5 @@
 //! Frames written by hand, for tests that send them from a pod through a packet socket.
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub fn ethernet(dst: [u8; 6], src: [u8; 6], ether_type: u16) -> Vec<u8> {
     [&dst[..], &src[..], &ether_type.to_be_bytes()[..]].concat()
@@ -73,4 +73,33 @@ pub fn checksums_valid(frame: &[u8]) -> bool {
     let (at, covered) = l4_checksum_scope(frame);
     let udp_none = frame[23] == 17 && frame[at..at + 2] == [0, 0];
     checksum(&frame[14..14 + header_len]) == 0 && (udp_none || checksum(&covered) == 0)
+}
+
+/// An IPv6 packet carrying ICMPv6 `message` (its checksum filled in), hop limit 255 as
+/// neighbour discovery requires.
+pub fn ipv6_icmp(src: Ipv6Addr, dst: Ipv6Addr, message: &[u8]) -> Vec<u8> {
+    let mut message = message.to_vec();
+    message[2..4].fill(0);
+    let sum = checksum(&icmpv6_covered(&src.octets(), &dst.octets(), &message));
+    message[2..4].copy_from_slice(&sum.to_be_bytes());
+    let len = (message.len() as u16).to_be_bytes();
+    [&[0x60, 0, 0, 0][..], &len, &[58, 255], &src.octets(), &dst.octets(), &message].concat()
+}
+
+/// A neighbour solicitation (type 135) or advertisement (136, flags S and O) for `target`, with
+/// a link-address option (source for 135, target for 136) holding `mac`.
+pub fn neighbor_message(icmp_type: u8, target: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
+    let (flags, option) = if icmp_type == 135 { (0, 1) } else { (0x60, 2) };
+    [&[icmp_type, 0, 0, 0, flags, 0, 0, 0][..], &target.octets(), &[option, 1], &mac].concat()
+}
+
+/// Whether the ICMPv6 checksum of an Ethernet + IPv6 frame (no extension headers) is right.
+pub fn icmpv6_checksum_valid(frame: &[u8]) -> bool {
+    let ip = &frame[14..];
+    let len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    checksum(&icmpv6_covered(&ip[8..24], &ip[24..40], &ip[40..40 + len])) == 0
+}
+
+fn icmpv6_covered(src: &[u8], dst: &[u8], message: &[u8]) -> Vec<u8> {
+    [src, dst, &(message.len() as u32).to_be_bytes(), &[0, 0, 0, 58], message].concat()
 }

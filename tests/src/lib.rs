@@ -18,7 +18,10 @@ pub mod runtime;
 mod testbed;
 pub mod traffic;
 
-pub use cluster::{Cluster, EXT_SERVER, EXT_UPLINK_IP, NODE1_UPLINK_IP, UNDERLAY_IPS};
+pub use cluster::{
+    Cluster, EXT_SERVER, EXT_SERVER_V6, EXT_UPLINK_IP, EXT_UPLINK_IPV6, NODE1_UPLINK_IP, NODE1_UPLINK_IPV6, UNDERLAY_IPS,
+    UNDERLAY_IPV6S,
+};
 pub use fake_api::{FakeApi, Say};
 pub use guard::{Bpffs, MountNamespace, NetnsGuard, run, run_in};
 pub use plugin::{CniOutput, Plugin, exec_binary};

@@ -298,12 +298,12 @@ impl Testbed {
             .collect())
     }
 
-    /// Reserved addresses in the IPAM dir (files named like an IP).
+    /// Reserved addresses in the IPAM dir (files named like an IPv4 or IPv6 address).
     pub fn ip_files(&self) -> Vec<String> {
         std::fs::read_dir(self.data_dir().join(&self.network))
             .map(|d| {
                 d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .filter(|n| n.parse::<std::net::Ipv4Addr>().is_ok())
+                    .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
                     .collect()
             })
             .unwrap_or_default()

@@ -1,9 +1,9 @@
 //! CHECK and GC on the kernel side: is an attachment's datapath as ADD left it, and what of
 //! the network belongs to no attachment still in use.
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::SchedClassifier;
-use ebpf_common::{IpKey, names};
+use ebpf_common::names;
 
 use super::datapath::Datapath;
 use crate::{
@@ -16,7 +16,7 @@ pub struct Expected<'a> {
     pub host_ifname: &'a str,
     pub host_ifindex: u32,
     pub owner: u64,
-    pub ips: &'a [Ipv4Addr],
+    pub ips: &'a [IpAddr],
     /// Ids of the programs the host veth's ingress filters run (read over netlink).
     pub ingress_programs: &'a [u32],
 }
@@ -49,7 +49,7 @@ impl Datapath {
         let map = self.endpoints()?.ok_or_else(|| wrong("ENDPOINTS is not pinned"))?;
         for ip in want.ips {
             let entry =
-                map.get(&IpKey::v4(ip.octets()), 0).map_err(|_| wrong(format!("no endpoint entry for {ip}")))?;
+                map.get(&super::datapath::ip_key(*ip), 0).map_err(|_| wrong(format!("no endpoint entry for {ip}")))?;
             if entry.owner != want.owner || entry.host_ifindex != want.host_ifindex {
                 return Err(wrong(format!(
                     "endpoint {ip} belongs to another attachment (owner {:#x}, ifindex {})",

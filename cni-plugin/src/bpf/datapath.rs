@@ -5,7 +5,7 @@
 use std::{
     fs::{self, DirBuilder, File},
     io::ErrorKind,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv6Addr},
     os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
     path::Path,
 };
@@ -92,10 +92,15 @@ impl Datapath {
 
     /// Inserts the attachment's endpoints (one per pod address), opening the map once. A full
     /// map is its own error: the node has more pods than `ENDPOINTS` was sized for.
-    pub fn add_endpoints(&self, ips: &[Ipv4Addr], endpoint: Endpoint) -> CniResult<()> {
+    /// `link_local` gets an entry of its own, flagged: it vouches for the pod's link-local
+    /// traffic and is never a destination.
+    pub fn add_endpoints(&self, ips: &[IpAddr], link_local: Option<Ipv6Addr>, endpoint: Endpoint) -> CniResult<()> {
         let mut map = self.endpoints()?.ok_or_else(|| internal("ENDPOINTS is not pinned"))?;
-        for ip in ips {
-            match map.insert(IpKey::v4(ip.octets()), endpoint, 0) {
+        let entries = ips.iter().map(|ip| (*ip, endpoint)).chain(
+            link_local.map(|ll| (IpAddr::V6(ll), Endpoint { flags: ebpf_common::ENDPOINT_LINK_LOCAL, ..endpoint })),
+        );
+        for (ip, endpoint) in entries {
+            match map.insert(ip_key(ip), endpoint, 0) {
                 Ok(()) => {}
                 Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {
                     return Err(CniError::new(
@@ -199,4 +204,12 @@ pub(super) fn attach_filter(program: &mut SchedClassifier, ifname: &str, directi
 
 pub(super) fn internal(msg: impl Into<String>) -> CniError {
     CniError::new(ErrorCode::INTERNAL, msg)
+}
+
+/// The `ENDPOINTS` key of an address.
+pub fn ip_key(ip: IpAddr) -> IpKey {
+    match ip {
+        IpAddr::V4(v4) => IpKey::v4(v4.octets()),
+        IpAddr::V6(v6) => IpKey::v6(v6.octets()),
+    }
 }

@@ -2,10 +2,13 @@
 //! what it leaves out, from the node: the uplink is the default route's interface, the node's
 //! address is the uplink's primary IPv4 address, the cluster CIDR is the pod's subnet (which is
 //! also this node's pod subnet).
-use std::{fmt, net::Ipv4Addr};
+use std::{
+    fmt,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use ebpf_common::DatapathConfig;
-use ipnetwork::Ipv4Network;
+use ipnetwork::{Ipv4Network, Ipv6Network};
 
 use crate::{
     cni::{
@@ -25,23 +28,44 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub async fn resolve(conf: &NetConf, pod_subnet: Ipv4Network, node: &Netlink) -> CniResult<Self> {
+    /// `pod_subnet`, `pod_subnet_v6`: the pod's subnets of each family it has an address of.
+    pub async fn resolve(
+        conf: &NetConf,
+        pod_subnet: Option<Ipv4Network>,
+        pod_subnet_v6: Option<Ipv6Network>,
+        node: &Netlink,
+    ) -> CniResult<Self> {
+        let mut config = DatapathConfig::default();
         let explicit_cluster = conf.cluster_cidr()?;
-        let cluster = explicit_cluster.unwrap_or(pod_subnet);
-        let mut config = DatapathConfig {
-            cluster_ipv4: cluster.network().octets(),
-            cluster_prefix: cluster.prefix(),
-            ..DatapathConfig::default()
-        };
+        if let Some(cluster) = explicit_cluster.or(pod_subnet) {
+            config.cluster_ipv4 = cluster.network().octets();
+            config.cluster_prefix = cluster.prefix();
+        }
         // The subnet is this node's alone only when it is narrower than the cluster's (per-node
         // subnets, as the agent's routes and kubelet's podCIDR have them). An IPAM subnet as wide
         // as the cluster (ranges cut per node, a cluster-wide IPAM) holds other nodes' pods too.
-        if explicit_cluster.is_some_and(|c| pod_subnet.prefix() > c.prefix() && c.contains(pod_subnet.network())) {
-            config.node_pods_ipv4 = pod_subnet.network().octets();
-            config.node_pods_prefix = pod_subnet.prefix();
+        if let (Some(cluster), Some(pods)) = (explicit_cluster, pod_subnet)
+            && pods.prefix() > cluster.prefix()
+            && cluster.contains(pods.network())
+        {
+            config.node_pods_ipv4 = pods.network().octets();
+            config.node_pods_prefix = pods.prefix();
+        }
+        let explicit_cluster_v6 = conf.cluster_cidr_v6()?;
+        if let Some(cluster) = explicit_cluster_v6.or(pod_subnet_v6) {
+            config.cluster_ipv6 = cluster.network().octets();
+            config.cluster_prefix6 = cluster.prefix();
+        }
+        if let (Some(cluster), Some(pods)) = (explicit_cluster_v6, pod_subnet_v6)
+            && pods.prefix() > cluster.prefix()
+            && cluster.contains(pods.network())
+        {
+            config.node_pods_ipv6 = pods.network().octets();
+            config.node_pods_prefix6 = pods.prefix();
         }
         let log_level = conf.ebpf_log_level()?;
-        if !conf.ip_masq {
+        // IPv6 is not masqueraded yet: an IPv6-only network has nothing to masquerade.
+        if !conf.ip_masq || pod_subnet.is_none() {
             return Ok(Self { config, uplink: None, log_level });
         }
         let (uplink, index) = uplink(conf, node).await?;
@@ -97,7 +121,13 @@ fn warn_if_not_forwarding() {
 /// What must match between a network's loaded settings and an ADD's: all but the node's pod
 /// subnet, which is the first pod's (an IPAM with several subnets gives the next pod another).
 pub fn comparable(config: &DatapathConfig) -> DatapathConfig {
-    DatapathConfig { node_pods_ipv4: [0; 4], node_pods_prefix: 0, ..*config }
+    DatapathConfig {
+        node_pods_ipv4: [0; 4],
+        node_pods_prefix: 0,
+        node_pods_ipv6: [0; 16],
+        node_pods_prefix6: 0,
+        ..*config
+    }
 }
 
 /// Masquerade takes its ports as the node's own sockets take theirs, and a reply is the node's
@@ -127,6 +157,9 @@ impl fmt::Display for Describe<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = self.0;
         write!(f, "clusterCIDR {}/{}", Ipv4Addr::from(c.cluster_ipv4), c.cluster_prefix)?;
+        if c.cluster_prefix6 != 0 {
+            write!(f, ",{}/{}", Ipv6Addr::from(c.cluster_ipv6), c.cluster_prefix6)?;
+        }
         if c.masquerade == 0 {
             return write!(f, ", no masquerade");
         }

@@ -1,10 +1,10 @@
 //! ADD: address, veth pair, pod addresses and routes, host route, endpoint entry, tc filter.
 //! Nothing is touched before the checks that can fail cheaply; after that, any failure runs the
 //! same teardown as DEL, which is scoped to this attachment and so cannot hurt anyone else's.
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use ebpf_common::Endpoint;
-use ipnetwork::{IpNetwork, Ipv4Network};
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 
 use super::del::teardown;
 use crate::{
@@ -22,6 +22,7 @@ use crate::{
     net::{
         netlink::{Netlink, format_mac},
         netns::Netns,
+        sysctl,
     },
 };
 
@@ -83,7 +84,11 @@ impl Setup<'_> {
     async fn run(&self, ipam: &Ipam) -> CniResult<AddResult> {
         let allocation = ipam.allocate(self.env, &self.request.ips)?;
         fault::point("add:after-ipam");
-        let ips = ipv4_only(&allocation)?;
+        let ips: Vec<IpAddr> = allocation.ips.iter().map(|ip| ip.address.ip()).collect();
+        if ips.is_empty() {
+            return Err(CniError::new(ErrorCode::INVALID_CONFIG, "IPAM gave the pod no address"));
+        }
+        let has_ipv6 = ips.iter().any(IpAddr::is_ipv6);
         let host_ifname = self.attachment.host_ifname();
         self.node
             .add_veth(&host_ifname, &self.env.ifname, self.pod_ns, self.conf.mtu, self.request.mac)
@@ -100,6 +105,9 @@ impl Setup<'_> {
             .await
             .cni(ErrorCode::IO, "pod veth")?
             .ok_or_else(|| gone(&self.env.ifname))?;
+        if has_ipv6 {
+            self.ipv6_settings(&host_ifname)?;
+        }
         self.node.set_up(host.index).await.cni(ErrorCode::IO, "cannot set host veth up")?;
         self.pod.set_up(pod.index).await.cni(ErrorCode::IO, "cannot set pod interface up")?;
         for ip in &allocation.ips {
@@ -115,11 +123,12 @@ impl Setup<'_> {
             self.pod.add_route(route.dst, route.gw, pod.index).await.cni(ErrorCode::IO, "cannot route in the pod")?;
         }
         for ip in &ips {
-            let host_route = IpNetwork::new(IpAddr::V4(*ip), 32).expect("/32");
+            let host_route = IpNetwork::new(*ip, if ip.is_ipv4() { 32 } else { 128 }).expect("host prefix");
             self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
         }
         fault::point("add:after-routes");
-        let settings = Settings::resolve(self.conf, pod_subnet(&allocation)?, self.node).await?;
+        let settings =
+            Settings::resolve(self.conf, pod_subnet(&allocation), pod_subnet_v6(&allocation), self.node).await?;
         let root = self.conf.bpffs_root();
         Datapath::mount_bpffs(&root)?;
         let datapath = Datapath::lock(&root, &self.conf.name)?;
@@ -135,7 +144,8 @@ impl Setup<'_> {
             pad: [0; 2],
         };
         fault::point("add:after-load");
-        datapath.add_endpoints(&ips, endpoint)?;
+        let link_local = has_ipv6.then(|| sysctl::eui64_link_local(pod.mac));
+        datapath.add_endpoints(&ips, link_local, endpoint)?;
         fault::point("add:after-endpoints");
         datapath.attach(&host_ifname)?;
         fault::point("add:after-attach");
@@ -155,40 +165,56 @@ impl Setup<'_> {
     }
 }
 
-fn ipv4_only(allocation: &Allocation) -> CniResult<Vec<Ipv4Addr>> {
-    allocation
-        .ips
-        .iter()
-        .map(|ip| match ip.address.ip() {
-            IpAddr::V4(v4) => Ok(v4),
-            IpAddr::V6(v6) => {
-                Err(CniError::new(ErrorCode::UNSUPPORTED_FIELD, format!("IPAM gave {v6}: IPv6 is not supported yet")))
-            }
-        })
-        .collect()
+impl Setup<'_> {
+    /// Both ends' IPv6 settings (`sysctl.rs`), before either comes up.
+    fn ipv6_settings(&self, host_ifname: &str) -> CniResult<()> {
+        let no_ipv6 = |e: std::io::Error| {
+            CniError::new(ErrorCode::IO, "cannot set up IPv6 on the veth pair")
+                .with_details(format!("{e} (is IPv6 disabled in the node or the pod?)"))
+        };
+        sysctl::apply(host_ifname, &sysctl::HOST).map_err(no_ipv6)?;
+        let ifname = &self.env.ifname;
+        self.pod_ns
+            .run(|| sysctl::apply(ifname, &sysctl::POD))
+            .cni(ErrorCode::IO, "cannot enter the pod's network namespace")?
+            .map_err(no_ipv6)
+    }
 }
 
 /// The subnet of the pod's first IPv4 address: the cluster CIDR unless the config names one.
-fn pod_subnet(allocation: &Allocation) -> CniResult<Ipv4Network> {
-    allocation
-        .ips
-        .iter()
-        .find_map(|ip| match ip.address {
-            IpNetwork::V4(net) => Ipv4Network::new(net.network(), net.prefix()).ok(),
-            IpNetwork::V6(_) => None,
-        })
-        .ok_or_else(|| CniError::new(ErrorCode::INVALID_CONFIG, "IPAM gave the pod no IPv4 address"))
+/// None for an IPv6-only pod.
+fn pod_subnet(allocation: &Allocation) -> Option<Ipv4Network> {
+    allocation.ips.iter().find_map(|ip| match ip.address {
+        IpNetwork::V4(net) => Ipv4Network::new(net.network(), net.prefix()).ok(),
+        IpNetwork::V6(_) => None,
+    })
+}
+
+/// The same for IPv6.
+fn pod_subnet_v6(allocation: &Allocation) -> Option<Ipv6Network> {
+    allocation.ips.iter().find_map(|ip| match ip.address {
+        IpNetwork::V6(net) => Ipv6Network::new(net.network(), net.prefix()).ok(),
+        IpNetwork::V4(_) => None,
+    })
 }
 
 /// IPAM's routes, or a default route; each without a gateway goes via the address's gateway.
 fn pod_routes(allocation: &Allocation) -> Vec<Route> {
-    let gateway = allocation.ips.iter().find_map(|ip| ip.gateway);
     let configured = if allocation.routes.is_empty() {
-        vec![Route { dst: "0.0.0.0/0".parse().expect("literal"), gw: None }]
+        // A default route per family the pod has an address of.
+        let has = |v4: bool| allocation.ips.iter().any(|ip| ip.address.is_ipv4() == v4);
+        [("0.0.0.0/0", true), ("::/0", false)]
+            .into_iter()
+            .filter(|(_, v4)| has(*v4))
+            .map(|(dst, _)| Route { dst: dst.parse().expect("literal"), gw: None })
+            .collect()
     } else {
         allocation.routes.clone()
     };
-    configured.into_iter().map(|r| Route { gw: r.gw.or(gateway), ..r }).collect()
+    // A route without a gateway goes via the gateway of an address of its family.
+    let gateway =
+        |dst: &IpNetwork| allocation.ips.iter().filter_map(|ip| ip.gateway).find(|gw| gw.is_ipv4() == dst.is_ipv4());
+    configured.into_iter().map(|r| Route { gw: r.gw.or_else(|| gateway(&r.dst)), ..r }).collect()
 }
 
 /// What the pod's addresses (added without prefix routes) need before `routes`: the gateway

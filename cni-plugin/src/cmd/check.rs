@@ -63,13 +63,12 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
             return Err(differs(format!("the pod has no route {}{via} on {}", route.dst, env.ifname)));
         }
     }
-    let v4: Vec<Ipv4Addr> =
-        ips.iter().filter_map(|ip| if let IpAddr::V4(v4) = ip.ip() { Some(v4) } else { None }).collect();
+    let addresses: Vec<IpAddr> = ips.iter().map(|ip| ip.ip()).collect();
     let host_routes = node.routes_via(host_link.index).await.cni(ErrorCode::IO, "cannot list the node's routes")?;
-    for ip in &v4 {
-        let host_route = RouteEntry { dst: IpNetwork::new(IpAddr::V4(*ip), 32).expect("/32"), gw: None };
-        if !host_routes.contains(&host_route) {
-            return Err(differs(format!("the node has no route {ip}/32 dev {host_ifname}")));
+    for ip in &addresses {
+        let dst = IpNetwork::new(*ip, if ip.is_ipv4() { 32 } else { 128 }).expect("host prefix");
+        if !host_routes.contains(&RouteEntry { dst, gw: None }) {
+            return Err(differs(format!("the node has no route {dst} dev {host_ifname}")));
         }
     }
     let ingress_programs =
@@ -79,10 +78,12 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
         host_ifname: &host_ifname,
         host_ifindex: host_link.index,
         owner: attachment.cookie(),
-        ips: &v4,
+        ips: &addresses,
         ingress_programs: &ingress_programs,
     })?;
     drop(datapath);
+    let v4: Vec<Ipv4Addr> =
+        addresses.iter().filter_map(|ip| if let IpAddr::V4(v4) = ip { Some(*v4) } else { None }).collect();
     Ipam::from_conf(conf, raw_conf)?.check(env, &v4)
 }
 

@@ -145,6 +145,10 @@ impl NetConf {
         Ok(Some(Ipv4Network::new(net.network(), net.prefix()).expect("same prefix")))
     }
 
+    pub fn cluster_cidr_v6(&self) -> CniResult<Option<ipnetwork::Ipv6Network>> {
+        Ok(None)
+    }
+
     pub fn masq_ports(&self) -> CniResult<RangeInclusive<u16>> {
         let Some(text) = self.masq_port_range.as_deref() else { return Ok(DEFAULT_MASQ_PORTS) };
         let bad = || invalid(format!("masqPortRange {text:?} must be \"min-max\" with 1 <= min <= max <= 65535"));

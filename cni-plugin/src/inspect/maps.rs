@@ -1,6 +1,8 @@
 //! Rows of the map views: ENDPOINTS, METRICS and SETTINGS, read from their pins with
 //! `bpf::read` (NAT, which names its pods from ENDPOINTS, is in `nat.rs`).
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ebpf_common::{DatapathConfig, ENDPOINT_LINK_LOCAL, FAMILY_IPV6, IpKey};
 
 use anyhow::Result;
 use serde::Serialize;
@@ -16,9 +18,16 @@ pub(super) fn ipv4(addr: [u8; 16]) -> Ipv4Addr {
     Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3])
 }
 
+/// The address of an address-keyed map's key, whichever its family.
+pub(super) fn ip_of(key: &IpKey) -> IpAddr {
+    if key.family == FAMILY_IPV6 { IpAddr::V6(Ipv6Addr::from(key.addr)) } else { IpAddr::V4(ipv4(key.addr)) }
+}
+
 #[derive(Serialize)]
 pub struct EndpointRow {
-    ip: Ipv4Addr,
+    ip: IpAddr,
+    /// The pod's IPv6 link-local address: vouches for its link-local traffic, never a destination.
+    link_local: bool,
     host_ifindex: u32,
     host_ifname: String,
     pod_mac: String,
@@ -58,7 +67,8 @@ pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
         .into_iter()
         .map(|(key, ep)| (key, ep, names.attachment(ep.host_ifindex).unzip()))
         .map(|(key, ep, (container_id, ifname))| EndpointRow {
-            ip: ipv4(key.addr),
+            ip: ip_of(&key),
+            link_local: ep.flags & ENDPOINT_LINK_LOCAL != 0,
             host_ifindex: ep.host_ifindex,
             host_ifname: names.name(ep.host_ifindex),
             pod_mac: format_mac(ep.pod_mac),
@@ -122,11 +132,20 @@ impl Row for SettingsRow {
 pub fn settings(pins: &Pins, names: &Interfaces) -> Result<Vec<SettingsRow>> {
     let c = read::settings(pins)?;
     Ok(vec![SettingsRow {
-        cluster_cidr: format!("{}/{}", Ipv4Addr::from(c.cluster_ipv4), c.cluster_prefix),
+        cluster_cidr: cluster_cidrs(&c),
         masquerade: c.masquerade != 0,
         node_ip: Ipv4Addr::from(c.node_ipv4),
         uplink_ifindex: c.uplink_ifindex,
         uplink: if c.masquerade != 0 { names.name(c.uplink_ifindex) } else { String::new() },
         masq_ports: format!("{}-{}", c.port_min, c.port_max),
     }])
+}
+
+/// As `clusterCIDR` takes it: the IPv4 range, then the IPv6 one, comma-separated.
+fn cluster_cidrs(c: &DatapathConfig) -> String {
+    let v4 = format!("{}/{}", Ipv4Addr::from(c.cluster_ipv4), c.cluster_prefix);
+    if c.cluster_prefix6 == 0 {
+        return v4;
+    }
+    format!("{v4},{}/{}", Ipv6Addr::from(c.cluster_ipv6), c.cluster_prefix6)
 }

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use anyhow::Result;
 use aya::maps::HashMap;
-use ebpf_common::{FlowKey, NAT_EGRESS, NatEntry, names};
+use ebpf_common::{FAMILY_IPV4, FlowKey, NAT_EGRESS, NatEntry, names};
 use serde::Serialize;
 
 use super::{
@@ -67,7 +67,8 @@ pub fn rows(pins: &Pins, interfaces: impl FnOnce() -> Result<Interfaces>) -> Res
     let flows: Vec<(FlowKey, NatEntry)> = map.iter().filter_map(Result::ok).collect();
     let mut pods: BTreeMap<u64, Vec<(Ipv4Addr, u32)>> = BTreeMap::new();
     if !flows.is_empty() {
-        for (key, ep) in endpoint_entries(pins)? {
+        // Masquerade is IPv4 only: a pod is named by its IPv4 address.
+        for (key, ep) in endpoint_entries(pins)?.into_iter().filter(|(key, _)| key.family == FAMILY_IPV4) {
             pods.entry(ep.owner).or_default().push((ipv4(key.addr), ep.host_ifindex));
         }
     }

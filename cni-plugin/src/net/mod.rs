@@ -2,4 +2,5 @@
 pub mod netlink;
 pub mod netns;
 pub mod routes;
+pub mod sysctl;
 mod unlink;

@@ -1,5 +1,5 @@
 //! rtnetlink operations the plugin needs, on a connection bound to one network namespace.
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context as _, Result, anyhow};
 use futures::TryStreamExt as _;
@@ -150,28 +150,51 @@ impl Netlink {
     /// with one ARP entry, instead of resolving every peer on-link: per-peer entries count
     /// against the neighbour table limit (gc_thresh3, 1,024 by default) that all network
     /// namespaces share, and 64 pods talking to each other overflow it (sends fail, ENOBUFS).
+    ///
+    /// IPv6 addresses skip duplicate address detection (`nodad`): IPAM made the address unique,
+    /// and a tentative address could not be used for the pod's first second.
     pub async fn add_address(&self, index: u32, address: IpNetwork, prefix_route: bool) -> Result<()> {
         let mut request = self.handle.address().add(index, address.ip(), address.prefix());
+        let mut flags = AddressFlags::empty();
         if !prefix_route {
-            request.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
+            flags |= AddressFlags::Noprefixroute;
+        }
+        if address.is_ipv6() {
+            flags |= AddressFlags::Nodad;
+        }
+        if !flags.is_empty() {
+            request.message_mut().attributes.push(AddressAttribute::Flags(flags));
         }
         request.execute().await.with_context(|| format!("adding address {address}"))
     }
 
     /// `dst via gw dev index`, or `dst dev index scope link` when there is no gateway.
     pub async fn add_route(&self, dst: IpNetwork, gw: Option<IpAddr>, index: u32) -> Result<()> {
-        let (IpNetwork::V4(dst), gw) = (dst, gw) else {
-            return Err(anyhow!("route {dst}: IPv6 routes are not supported yet"));
+        let message = match (dst, gw) {
+            (IpNetwork::V4(net), gw) => {
+                let builder = RouteMessageBuilder::<Ipv4Addr>::new()
+                    .destination_prefix(net.network(), net.prefix())
+                    .output_interface(index);
+                match gw {
+                    Some(IpAddr::V4(gw)) => builder.gateway(gw),
+                    Some(IpAddr::V6(gw)) => return Err(anyhow!("route {dst} via {gw}: an IPv6 gateway")),
+                    None => builder.scope(RouteScope::Link),
+                }
+                .build()
+            }
+            (IpNetwork::V6(net), gw) => {
+                let builder = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .destination_prefix(net.network(), net.prefix())
+                    .output_interface(index);
+                match gw {
+                    Some(IpAddr::V6(gw)) => builder.gateway(gw),
+                    Some(IpAddr::V4(gw)) => return Err(anyhow!("route {dst} via {gw}: an IPv4 gateway")),
+                    None => builder.scope(RouteScope::Link),
+                }
+                .build()
+            }
         };
-        let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(dst.network(), dst.prefix())
-            .output_interface(index);
-        builder = match gw {
-            Some(IpAddr::V4(gw)) => builder.gateway(gw),
-            Some(IpAddr::V6(gw)) => return Err(anyhow!("route {dst} via {gw}: IPv6 gateway for IPv4 route")),
-            None => builder.scope(RouteScope::Link),
-        };
-        self.handle.route().add(builder.build()).execute().await.with_context(|| format!("adding route {dst}"))
+        self.handle.route().add(message).execute().await.with_context(|| format!("adding route {dst}"))
     }
 }
 
