@@ -83,7 +83,9 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
         ingress_programs: &ingress_programs,
     })?;
     drop(datapath);
-    Ipam::from_conf(conf, raw_conf)?.check(env, &v4)
+    // IPAM holds every address of the result, of either family.
+    let all: Vec<IpAddr> = ips.iter().map(|ip| ip.ip()).collect();
+    Ipam::from_conf(conf, raw_conf)?.check(env, &all)
 }
 
 /// The link exists and, when the result names its MAC, has that MAC.
