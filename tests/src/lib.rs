@@ -19,8 +19,8 @@ mod testbed;
 pub mod traffic;
 
 pub use cluster::{
-    Cluster, EXT_SERVER, EXT_SERVER_V6, EXT_UPLINK_IP, EXT_UPLINK_IPV6, NODE1_UPLINK_IP, NODE1_UPLINK_IPV6, UNDERLAY_IPS,
-    UNDERLAY_IPV6S,
+    Cluster, EXT_SERVER, EXT_SERVER_V6, EXT_UPLINK_IP, EXT_UPLINK_IPV6, NODE1_UPLINK_IP, NODE1_UPLINK_IPV6,
+    UNDERLAY_IPS, UNDERLAY_IPV6S,
 };
 pub use fake_api::{FakeApi, Say};
 pub use guard::{Bpffs, MountNamespace, NetnsGuard, run, run_in};

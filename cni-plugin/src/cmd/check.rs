@@ -1,7 +1,7 @@
 //! CHECK: compares the attachment with the result ADD returned (`prevResult`, possibly changed
 //! by later plugins of the chain) and with what ADD put in the kernel. Read-only; the first
 //! difference found is the error.
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
@@ -82,9 +82,8 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
         ingress_programs: &ingress_programs,
     })?;
     drop(datapath);
-    let v4: Vec<Ipv4Addr> =
-        addresses.iter().filter_map(|ip| if let IpAddr::V4(v4) = ip { Some(*v4) } else { None }).collect();
-    Ipam::from_conf(conf, raw_conf)?.check(env, &v4)
+    // IPAM holds every address of the result, of either family.
+    Ipam::from_conf(conf, raw_conf)?.check(env, &addresses)
 }
 
 /// The link exists and, when the result names its MAC, has that MAC.

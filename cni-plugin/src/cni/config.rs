@@ -1,7 +1,11 @@
 //! The network configuration the runtime writes on stdin.
-use std::{net::Ipv4Addr, ops::RangeInclusive, path::PathBuf};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    ops::RangeInclusive,
+    path::PathBuf,
+};
 
-use ipnetwork::Ipv4Network;
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use log::LevelFilter;
 
 use serde::Deserialize;
@@ -42,7 +46,8 @@ pub struct NetConf {
     #[serde(default)]
     pub ip_masq: bool,
     /// Pod addresses of all nodes, never masqueraded and forwarded between nodes as they are.
-    /// Default: the subnet of the pod's address.
+    /// Default: the subnet of the pod's address. Dual-stack as Kubernetes writes it, one CIDR
+    /// per family: `"10.244.0.0/16,fd00:10:244::/56"`.
     #[serde(rename = "clusterCIDR")]
     pub cluster_cidr: Option<String>,
     /// The interface masqueraded traffic leaves by. Default: that of the node's default route.
@@ -50,6 +55,11 @@ pub struct NetConf {
     /// The address masqueraded traffic leaves with. Default: the uplink's primary IPv4 address.
     #[serde(rename = "nodeIP")]
     pub node_ip: Option<Ipv4Addr>,
+    /// The address masqueraded IPv6 traffic leaves with. Default: the uplink's global IPv6
+    /// address.
+    #[allow(dead_code, reason = "for the IPv6 datapath, not wired yet")]
+    #[serde(rename = "nodeIPv6")]
+    pub node_ipv6: Option<Ipv6Addr>,
     /// `"min-max"`: the ports masqueraded flows leave from.
     pub masq_port_range: Option<String>,
     /// New masqueraded flows one pod may open per minute (0: no limit), so one pod cannot churn
@@ -138,15 +148,40 @@ impl NetConf {
         Ok(())
     }
 
+    /// The IPv4 CIDR of `clusterCIDR`, if it has one.
     pub fn cluster_cidr(&self) -> CniResult<Option<Ipv4Network>> {
-        let Some(cidr) = self.cluster_cidr.as_deref() else { return Ok(None) };
-        let net: Ipv4Network = cidr.parse().map_err(|e| invalid(format!("clusterCIDR {cidr:?}: {e}")))?;
-        // The network address, whatever host bits were written.
-        Ok(Some(Ipv4Network::new(net.network(), net.prefix()).expect("same prefix")))
+        Ok(self.cluster_cidrs()?.0)
     }
 
-    pub fn cluster_cidr_v6(&self) -> CniResult<Option<ipnetwork::Ipv6Network>> {
-        Ok(None)
+    /// The IPv6 CIDR of `clusterCIDR`, if it has one.
+    pub fn cluster_cidr_v6(&self) -> CniResult<Option<Ipv6Network>> {
+        Ok(self.cluster_cidrs()?.1)
+    }
+
+    /// `clusterCIDR` split by family: one CIDR, or Kubernetes' comma-separated dual-stack form
+    /// (either order), each normalised to its network address whatever host bits were written.
+    fn cluster_cidrs(&self) -> CniResult<(Option<Ipv4Network>, Option<Ipv6Network>)> {
+        let (mut v4, mut v6) = (None, None);
+        let Some(text) = self.cluster_cidr.as_deref() else { return Ok((v4, v6)) };
+        let bad = |why: String| invalid(format!("clusterCIDR {text:?}: {why}"));
+        for part in text.split(',').map(str::trim) {
+            if part.is_empty() {
+                return Err(bad("an empty element (expected \"<IPv4 CIDR>,<IPv6 CIDR>\")".into()));
+            }
+            let net: IpNetwork = part.parse().map_err(|e| bad(format!("{part:?} is not a CIDR: {e}")))?;
+            let twice = match net {
+                IpNetwork::V4(n) => {
+                    v4.replace(Ipv4Network::new(n.network(), n.prefix()).expect("same prefix")).is_some()
+                }
+                IpNetwork::V6(n) => {
+                    v6.replace(Ipv6Network::new(n.network(), n.prefix()).expect("same prefix")).is_some()
+                }
+            };
+            if twice {
+                return Err(bad("at most one CIDR per address family".into()));
+            }
+        }
+        Ok((v4, v6))
     }
 
     pub fn masq_ports(&self) -> CniResult<RangeInclusive<u16>> {
@@ -257,10 +292,6 @@ mod tests {
                 ErrorCode::INVALID_CONFIG,
             ),
             (
-                r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"clusterCIDR":"fd00::/8"}"#,
-                ErrorCode::INVALID_CONFIG,
-            ),
-            (
                 r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"masqPortRange":"2-1"}"#,
                 ErrorCode::INVALID_CONFIG,
             ),
@@ -270,6 +301,10 @@ mod tests {
             ),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"uplink":"a/b"}"#, ErrorCode::INVALID_CONFIG),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"nodeIP":"x"}"#, ErrorCode::INVALID_CONFIG),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"nodeIPv6":"10.0.0.1"}"#,
+                ErrorCode::INVALID_CONFIG,
+            ),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"logLevel":"loud"}"#, ErrorCode::INVALID_CONFIG),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"logFile":"x.log"}"#, ErrorCode::INVALID_CONFIG),
             (r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"ebpfLogLevel":"1"}"#, ErrorCode::INVALID_CONFIG),
@@ -277,5 +312,40 @@ mod tests {
         for (input, code) in cases {
             assert_eq!(parse(input).unwrap_err().code, code, "{input}");
         }
+    }
+
+    #[test]
+    fn dual_stack_cluster_cidr() {
+        let conf = |cidr: &str| {
+            parse(&format!(r#"{{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{{}},"clusterCIDR":"{cidr}"}}"#))
+        };
+        for text in ["10.244.3.7/16,fd00:10:244::1/56", "fd00:10:244::/56 , 10.244.0.0/16"] {
+            let c = conf(text).unwrap();
+            assert_eq!(c.cluster_cidr().unwrap().unwrap().to_string(), "10.244.0.0/16", "{text}");
+            assert_eq!(c.cluster_cidr_v6().unwrap().unwrap().to_string(), "fd00:10:244::/56", "{text}");
+        }
+        let v6_only = conf("fd00::1/8").unwrap();
+        assert_eq!(v6_only.cluster_cidr().unwrap(), None);
+        assert_eq!(v6_only.cluster_cidr_v6().unwrap().unwrap().to_string(), "fd00::/8");
+        assert_eq!(conf("10.244.0.0/16").unwrap().cluster_cidr_v6().unwrap(), None);
+        for (text, why) in [
+            ("10.244.0.0/16,10.245.0.0/16", "at most one CIDR per address family"),
+            ("fd00::/8,fd01::/16", "at most one CIDR per address family"),
+            ("10.244.0.0/16,", "an empty element"),
+            ("", "an empty element"),
+            ("10.244.0.0/16,banana", "\"banana\" is not a CIDR"),
+            ("fd00::/129", "is not a CIDR"),
+        ] {
+            let err = conf(text).unwrap_err();
+            assert_eq!(err.code, ErrorCode::INVALID_CONFIG, "{text}");
+            assert!(err.msg.contains(why), "{text}: {}", err.msg);
+        }
+    }
+
+    #[test]
+    fn node_ipv6() {
+        let c = parse(r#"{"cniVersion":"1.0.0","name":"n","type":"t","ipam":{},"nodeIPv6":"2001:db8::1"}"#).unwrap();
+        assert_eq!(c.node_ipv6, Some("2001:db8::1".parse().unwrap()));
+        assert_eq!(c.node_ip, None);
     }
 }

@@ -10,6 +10,7 @@ pub struct ErrorCode(pub u32);
 
 impl ErrorCode {
     pub const INCOMPATIBLE_VERSION: Self = Self(1);
+    #[allow(dead_code, reason = "the spec's code 2; nothing we accept is unsupported today")]
     pub const UNSUPPORTED_FIELD: Self = Self(2);
     /// The container (its netns) does not exist; the runtime need not call DEL.
     pub const UNKNOWN_CONTAINER: Self = Self(3);

@@ -1,16 +1,13 @@
 //! The built-in allocator: host-local's configuration, layout and round-robin order.
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    path::PathBuf,
-};
+use std::{net::IpAddr, path::PathBuf};
 
-use ipnetwork::{IpNetwork, Ipv4Network};
+use ipnetwork::IpNetwork;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
     Allocation,
-    range::{Range, RangeConf, RangeSet},
+    range::{Range, RangeConf, RangeSet, ordinal, resolve_set},
     store::{Holder, Store},
 };
 use crate::cni::{
@@ -54,15 +51,7 @@ impl HostLocal {
             (_, true) => vec![vec![conf.legacy]],
             _ => return Err(CniError::new(ErrorCode::INVALID_CONFIG, "ipam needs `ranges` or `subnet`")),
         };
-        let sets = set_confs
-            .iter()
-            .map(|set| {
-                if set.is_empty() {
-                    return Err(CniError::new(ErrorCode::INVALID_CONFIG, "ipam range set is empty"));
-                }
-                set.iter().map(Range::resolve).collect::<CniResult<RangeSet>>()
-            })
-            .collect::<CniResult<Vec<_>>>()?;
+        let sets = set_confs.iter().map(|set| resolve_set(set)).collect::<CniResult<Vec<_>>>()?;
         let routes = conf.routes.iter().map(parse_route).collect::<CniResult<_>>()?;
         Ok(Self {
             network: network.to_string(),
@@ -72,8 +61,9 @@ impl HostLocal {
         })
     }
 
-    /// One address per range set, or nothing at all (a partial allocation is released). A
-    /// requested address is used for the set it belongs to; the other sets go round-robin.
+    /// One address per range set (so one IPv4 and one IPv6 address for a dual-stack `ranges`),
+    /// or nothing at all (a partial allocation is released). A requested address is used for
+    /// the set it belongs to; the other sets go round-robin.
     pub fn allocate(&self, id: &str, ifname: &str, requested: &[IpAddr]) -> CniResult<Allocation> {
         let requested = self.assign_requests(requested)?;
         let store = Store::lock(&self.data_dir, &self.network)?;
@@ -81,7 +71,7 @@ impl HostLocal {
         for (index, set) in self.sets.iter().enumerate() {
             let reserved = match requested[index] {
                 Some(ip) => Some(reserve_requested(&store, set, ip, id, ifname, index)?),
-                None => match next_free(&store, set, index) {
+                None => match next_free(&store, set, index)? {
                     Some((ip, range)) if store.reserve(ip, id, ifname, index)? => Some((ip, range)),
                     _ => None,
                 },
@@ -94,31 +84,26 @@ impl HostLocal {
                 ));
             };
             ips.push(IpConfig {
-                address: IpNetwork::V4(Ipv4Network::new(ip, range.subnet.prefix()).expect("valid prefix")),
-                gateway: Some(IpAddr::V4(range.gateway)),
+                address: IpNetwork::new(ip, range.subnet.prefix()).expect("the subnet's family and prefix"),
+                gateway: Some(range.gateway),
                 interface: None,
             });
         }
         Ok(Allocation { ips, routes: self.routes.clone(), dns: Value::Null })
     }
 
-    /// Which range set each requested address is for; one outside every set is an error.
-    fn assign_requests(&self, requested: &[IpAddr]) -> CniResult<Vec<Option<Ipv4Addr>>> {
+    /// Which range set each requested address is for (so its family's); one outside every set
+    /// is an error.
+    fn assign_requests(&self, requested: &[IpAddr]) -> CniResult<Vec<Option<IpAddr>>> {
         let mut per_set = vec![None; self.sets.len()];
-        for ip in requested {
-            let IpAddr::V4(v4) = *ip else {
-                return Err(CniError::new(
-                    ErrorCode::UNSUPPORTED_FIELD,
-                    format!("requested {ip}: IPv6 is not supported yet"),
-                ));
-            };
-            let set = self.sets.iter().position(|set| set.iter().any(|r| r.is_allocatable(v4))).ok_or_else(|| {
-                CniError::new(ErrorCode::INVALID_CONFIG, format!("requested address {v4} is in no IPAM range"))
+        for &ip in requested {
+            let set = self.sets.iter().position(|set| set.iter().any(|r| r.is_allocatable(ip))).ok_or_else(|| {
+                CniError::new(ErrorCode::INVALID_CONFIG, format!("requested address {ip} is in no IPAM range"))
             })?;
-            if per_set[set].replace(v4).is_some() {
+            if per_set[set].replace(ip).is_some() {
                 return Err(CniError::new(
                     ErrorCode::INVALID_CONFIG,
-                    format!("two requested addresses for the range set of {v4}"),
+                    format!("two requested addresses for the range set of {ip}"),
                 ));
             }
         }
@@ -132,7 +117,7 @@ impl HostLocal {
     }
 
     /// CHECK: each address is reserved, and for this attachment.
-    pub fn check(&self, id: &str, ifname: &str, ips: &[Ipv4Addr]) -> CniResult<()> {
+    pub fn check(&self, id: &str, ifname: &str, ips: &[IpAddr]) -> CniResult<()> {
         let store = Store::lock(&self.data_dir, &self.network)?;
         for ip in ips {
             match store.holder(*ip) {
@@ -182,7 +167,8 @@ impl HostLocal {
             .map_err(|e| not_available(format!("IPAM data dir: {}", e.msg)))?;
         store.probe_writable().map_err(|e| not_available(format!("IPAM data dir is not writable: {}", e.details)))?;
         for (index, set) in self.sets.iter().enumerate() {
-            if next_free(&store, set, index).is_none() {
+            let free = next_free(&store, set, index).map_err(|e| not_available(format!("IPAM data dir: {}", e.msg)))?;
+            if free.is_none() {
                 return Err(not_available(format!("IP pool exhausted: no free address in {}", describe(set))));
             }
         }
@@ -203,11 +189,11 @@ fn not_available(msg: String) -> CniError {
 fn reserve_requested<'a>(
     store: &Store,
     set: &'a RangeSet,
-    ip: Ipv4Addr,
+    ip: IpAddr,
     id: &str,
     ifname: &str,
     index: usize,
-) -> CniResult<(Ipv4Addr, &'a Range)> {
+) -> CniResult<(IpAddr, &'a Range)> {
     let range = set.iter().find(|r| r.is_allocatable(ip)).expect("assigned to this set");
     if store.reserve(ip, id, ifname, index)? {
         return Ok((ip, range));
@@ -227,13 +213,38 @@ fn reserve_requested<'a>(
     }
 }
 
-/// Round-robin: the first free address after the last one handed out, wrapping once.
-fn next_free<'a>(store: &Store, set: &'a RangeSet, index: usize) -> Option<(Ipv4Addr, &'a Range)> {
-    let all =
-        || set.iter().flat_map(|r| (u32::from(r.start)..=u32::from(r.end)).map(move |ip| (Ipv4Addr::from(ip), r)));
-    let skip =
-        store.last_reserved(index).and_then(|last| all().position(|(ip, _)| ip == last)).map_or(0, |pos| pos + 1);
-    all().skip(skip).chain(all().take(skip)).find(|(ip, r)| r.is_allocatable(*ip) && !store.is_reserved(*ip))
+/// Round-robin, as host-local: the first free address after the last one handed out, wrapping
+/// once. With n reservation files, one of any n + 1 allocatable addresses is free, so the walk
+/// gives up after that many: a /64 is never walked through, only its first few addresses.
+fn next_free<'a>(store: &Store, set: &'a RangeSet, index: usize) -> CniResult<Option<(IpAddr, &'a Range)>> {
+    let candidates = store.reservation_count()? + 1;
+    // Resume after the last address, or at the set's start when the set no longer holds it.
+    let (k, from) = store
+        .last_reserved(index)
+        .and_then(|last| {
+            let k = set.iter().position(|r| r.contains(last))?;
+            // `last + 1` could overflow at the very end of IPv6: go on with the next range.
+            Some(if ordinal(last) < set[k].ordinals().1 {
+                (k, ordinal(last) + 1)
+            } else {
+                let next = (k + 1) % set.len();
+                (next, set[next].ordinals().0)
+            })
+        })
+        .unwrap_or((0, set[0].ordinals().0));
+    let (r, (first, last)) = (&set[k], set[k].ordinals());
+    let tail = (from..=last).map(move |n| (r.address(n), r));
+    let others = set[k + 1..].iter().chain(&set[..k]).flat_map(|r| {
+        let (first, last) = r.ordinals();
+        (first..=last).map(move |n| (r.address(n), r))
+    });
+    let head = (first..from).map(move |n| (r.address(n), r));
+    Ok(tail
+        .chain(others)
+        .chain(head)
+        .filter(|(ip, r)| r.is_allocatable(*ip))
+        .take(candidates)
+        .find(|(ip, _)| !store.is_reserved(*ip)))
 }
 
 fn parse_route(r: &RouteConf) -> CniResult<Route> {
@@ -335,5 +346,131 @@ mod tests {
         }
         assert_eq!(ipam.status().unwrap_err().code, ErrorCode::NOT_AVAILABLE);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        names
+    }
+
+    fn addresses(a: &Allocation) -> Vec<(String, String)> {
+        a.ips.iter().map(|c| (c.address.to_string(), c.gateway.unwrap().to_string())).collect()
+    }
+
+    #[test]
+    fn dual_stack_one_address_per_family() {
+        let dir = tempdir().with_extension("dual");
+        let ipam =
+            ipam(&dir, json!({ "ranges": [[{ "subnet": "10.9.1.0/24" }], [{ "subnet": "fd00:10:244:1::/64" }]] }));
+        let a = ipam.allocate("a", "eth0", &[]).unwrap();
+        assert_eq!(
+            addresses(&a),
+            [("10.9.1.2/24".into(), "10.9.1.1".into()), ("fd00:10:244:1::2/64".into(), "fd00:10:244:1::1".into())]
+        );
+        assert!(matches!(a.ips[1].address, IpNetwork::V6(_)));
+        let b = ipam.allocate("b", "eth0", &[]).unwrap();
+        assert_eq!(b.ips[1].address.to_string(), "fd00:10:244:1::3/64");
+        // host-local's names: the address's canonical text; one last_reserved_ip per set.
+        let net = dir.join("net");
+        assert_eq!(
+            names(&net),
+            [
+                "10.9.1.2",
+                "10.9.1.3",
+                "fd00:10:244:1::2",
+                "fd00:10:244:1::3",
+                "last_reserved_ip.0",
+                "last_reserved_ip.1",
+                "lock"
+            ]
+        );
+        assert_eq!(std::fs::read_to_string(net.join("fd00:10:244:1::2")).unwrap(), "a\r\neth0");
+        assert_eq!(std::fs::read_to_string(net.join("last_reserved_ip.1")).unwrap(), "fd00:10:244:1::3");
+        let ips = |a: &Allocation| a.ips.iter().map(|c| c.address.ip()).collect::<Vec<_>>();
+        ipam.check("a", "eth0", &ips(&a)).unwrap();
+        assert_eq!(ipam.check("a", "eth0", &ips(&b)).unwrap_err().code, ErrorCode::CHECK_FAILED);
+
+        // A requested IPv6 address goes to the IPv6 set; the IPv4 one is drawn as usual.
+        let want = |s: &[&str]| s.iter().map(|s| s.parse::<IpAddr>().unwrap()).collect::<Vec<_>>();
+        let c = ipam.allocate("c", "eth0", &want(&["fd00:10:244:1::abcd"])).unwrap();
+        assert_eq!(c.ips[0].address.to_string(), "10.9.1.4/24");
+        assert_eq!(c.ips[1].address.to_string(), "fd00:10:244:1::abcd/64");
+        let d = ipam.allocate("d", "eth0", &want(&["fd00:10:244:1::d", "10.9.1.100"])).unwrap();
+        assert_eq!(addresses(&d)[0].0, "10.9.1.100/24");
+        assert_eq!(addresses(&d)[1].0, "fd00:10:244:1::d/64");
+        for (bad, code) in [
+            (want(&["fd00:10:244:1::abcd"]), ErrorCode::ADDRESS_TAKEN),
+            (want(&["fd00:10:244:2::5"]), ErrorCode::INVALID_CONFIG),
+            (want(&["fd00:10:244:1::1"]), ErrorCode::INVALID_CONFIG),
+            (want(&["fd00:10:244:1::5", "fd00:10:244:1::6"]), ErrorCode::INVALID_CONFIG),
+        ] {
+            assert_eq!(ipam.allocate("e", "eth0", &bad).unwrap_err().code, code, "{bad:?}");
+        }
+        // Round-robin resumes after the last address handed out, in each set.
+        assert_eq!(ipam.allocate("e", "eth0", &[]).unwrap().ips[1].address.to_string(), "fd00:10:244:1::e/64");
+
+        // IPv6 reservations are released and collected like IPv4 ones.
+        ipam.release("a", "eth0").unwrap();
+        assert!(!net.join("fd00:10:244:1::2").exists() && !net.join("10.9.1.2").exists());
+        assert_eq!(ipam.holders().unwrap().len(), 8);
+        let stale = ipam.collect_garbage(|h| h.container_id == "b").unwrap();
+        assert_eq!(stale.len(), 6);
+        assert_eq!(ipam.holders().unwrap().len(), 2);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn small_ipv6_ranges_are_exhausted() {
+        let dir = tempdir().with_extension("v6small");
+        // Two ranges in one set: 3 addresses of a /120 between rangeStart and rangeEnd, then the
+        // /126's ::2 and ::3 (::0 is the network, ::1 the gateway).
+        let ipam = ipam(
+            &dir,
+            json!({ "ranges": [[
+                { "subnet": "fd00:1::/120", "rangeStart": "fd00:1::10", "rangeEnd": "fd00:1::12" },
+                { "subnet": "fd00:2::/126" },
+            ]] }),
+        );
+        let got: Vec<String> =
+            (0..5).map(|i| ipam.allocate(&format!("c{i}"), "eth0", &[]).unwrap().ips[0].address.to_string()).collect();
+        assert_eq!(got, ["fd00:1::10/120", "fd00:1::11/120", "fd00:1::12/120", "fd00:2::2/126", "fd00:2::3/126"]);
+        assert_eq!(ipam.allocate("c9", "eth0", &[]).unwrap_err().code, ErrorCode::POOL_EXHAUSTED);
+        assert_eq!(ipam.status().unwrap_err().code, ErrorCode::NOT_AVAILABLE);
+        ipam.release("c1", "eth0").unwrap();
+        // After the set's last address the walk wraps to its first range.
+        assert_eq!(ipam.allocate("c10", "eth0", &[]).unwrap().ips[0].address.to_string(), "fd00:1::11/120");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_64_wraps_at_its_last_address() {
+        let dir = tempdir().with_extension("v6wrap");
+        // The very top of the address space: `last + 1` would overflow.
+        let ipam = ipam(&dir, json!({ "ranges": [[{ "subnet": "ffff:ffff:ffff:ffff::/64" }]] }));
+        let net = dir.join("net");
+        std::fs::create_dir_all(&net).unwrap();
+        std::fs::write(net.join("last_reserved_ip.0"), "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe").unwrap();
+        let next = |id: &str| ipam.allocate(id, "eth0", &[]).unwrap().ips[0].address.to_string();
+        assert_eq!(next("a"), "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/64");
+        assert_eq!(next("b"), "ffff:ffff:ffff:ffff::2/64");
+        // Taken addresses after the last one are stepped over; the walk is bounded by the
+        // number of reservations, not by the 2^64 addresses.
+        for taken in ["ffff:ffff:ffff:ffff::3", "ffff:ffff:ffff:ffff::4"] {
+            std::fs::write(net.join(taken), "x\r\neth0").unwrap();
+        }
+        assert_eq!(next("c"), "ffff:ffff:ffff:ffff::5/64");
+        ipam.status().unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn mixed_family_sets_are_refused() {
+        let conf =
+            json!({ "type": "host-local", "ranges": [[{ "subnet": "10.9.1.0/24" }, { "subnet": "fd00::/64" }]] });
+        assert_eq!(HostLocal::from_conf("net", &conf).unwrap_err().code, ErrorCode::INVALID_CONFIG);
+        let v6_only = json!({ "type": "host-local", "subnet": "fd00::/64" });
+        assert_eq!(HostLocal::from_conf("net", &v6_only).unwrap().sets[0][0].gateway.to_string(), "fd00::1");
     }
 }

@@ -5,7 +5,7 @@ mod host_local;
 mod range;
 mod store;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use serde_json::Value;
 pub use store::Holder;
@@ -72,7 +72,7 @@ impl Ipam {
     }
 
     /// CHECK: the attachment still holds `ips`.
-    pub fn check(&self, env: &CniEnv, ips: &[Ipv4Addr]) -> CniResult<()> {
+    pub fn check(&self, env: &CniEnv, ips: &[IpAddr]) -> CniResult<()> {
         match self {
             Self::HostLocal(h) => h.check(&env.container_id, &env.ifname, ips),
             Self::Delegated(d) => d.forward(env, "CHECK"),

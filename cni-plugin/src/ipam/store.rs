@@ -1,12 +1,12 @@
 //! host-local's on-disk layout, so an existing host-local data dir keeps working:
-//! `<dataDir>/<network>/<ip>` holds `<containerID>\r\n<ifname>`, `last_reserved_ip.<set>` the
+//! `<dataDir>/<network>/<ip>` (the address's canonical text, `10.244.1.2` or `fd00::2`) holds `<containerID>\r\n<ifname>`, `last_reserved_ip.<set>` the
 //! last address handed out from range set `<set>`, and `lock` is flocked around every change.
 //! Our writes are whole or absent (written aside, then linked or renamed into place); torn
 //! files left by anyone else are detected and repaired under the lock.
 use std::{
     fs::{self, File, OpenOptions},
     io::{ErrorKind, Write},
-    net::Ipv4Addr,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -46,7 +46,7 @@ impl Store {
     /// exists), so a crash never leaves a half-written reservation of ours. One torn by someone
     /// else (host-local killed between create and write, a power loss before writeback) holds
     /// no owner that DEL or GC could ever match: it is replaced here.
-    pub fn reserve(&self, ip: Ipv4Addr, id: &str, ifname: &str, set: usize) -> CniResult<bool> {
+    pub fn reserve(&self, ip: IpAddr, id: &str, ifname: &str, set: usize) -> CniResult<bool> {
         let path = self.dir.join(ip.to_string());
         let aside = self.write_aside(&ip.to_string(), &format!("{}{LINE_BREAK}{ifname}", id.trim()))?;
         crate::fault::point("ipam:mid-reserve");
@@ -90,7 +90,7 @@ impl Store {
     }
 
     /// Removes the reservation of `ip` if it names no holder; `true` if it did.
-    fn remove_if_torn(&self, ip: Ipv4Addr) -> bool {
+    fn remove_if_torn(&self, ip: IpAddr) -> bool {
         if !self.holder(ip).is_some_and(|h| h.is_torn()) {
             return false;
         }
@@ -107,7 +107,7 @@ impl Store {
 
     /// Where round-robin resumes. A record that does not parse (torn) is reported and ignored:
     /// allocation starts from the range's start, and the next reservation rewrites it whole.
-    pub fn last_reserved(&self, set: usize) -> Option<Ipv4Addr> {
+    pub fn last_reserved(&self, set: usize) -> Option<IpAddr> {
         let content = fs::read(self.dir.join(format!("last_reserved_ip.{set}"))).ok()?;
         let parsed = std::str::from_utf8(&content).ok().and_then(|s| s.trim().parse().ok());
         if parsed.is_none() {
@@ -119,18 +119,23 @@ impl Store {
     /// Taken: a reservation file with content. One stat, as allocation walks the range with it;
     /// an empty file (the usual torn write) does not count, and the next reserve replaces it.
     /// Other content naming no container is left to GC.
-    pub fn is_reserved(&self, ip: Ipv4Addr) -> bool {
+    pub fn is_reserved(&self, ip: IpAddr) -> bool {
         fs::metadata(self.dir.join(ip.to_string())).is_ok_and(|m| m.len() > 0)
     }
 
+    /// How many reservation files there are (any family, any set, torn or not): a bound on
+    /// how many addresses a search for a free one can find taken. One listing, no reads.
+    pub fn reservation_count(&self) -> CniResult<usize> {
+        let entries = fs::read_dir(&self.dir).cni(ErrorCode::IO, "cannot list IPAM dir")?;
+        Ok(entries.filter_map(Result::ok).filter(|e| parse_ip(&e.file_name()).is_some()).count())
+    }
+
     /// Every reservation: the address and who holds it.
-    pub fn reservations(&self) -> CniResult<Vec<(Ipv4Addr, Holder)>> {
+    pub fn reservations(&self) -> CniResult<Vec<(IpAddr, Holder)>> {
         let mut found = Vec::new();
         for entry in fs::read_dir(&self.dir).cni(ErrorCode::IO, "cannot list IPAM dir")? {
             let entry = entry.cni(ErrorCode::IO, "cannot list IPAM dir")?;
-            let Some(ip) = entry.file_name().to_str().and_then(|n| n.parse::<Ipv4Addr>().ok()) else {
-                continue;
-            };
+            let Some(ip) = parse_ip(&entry.file_name()) else { continue };
             let Ok(content) = fs::read(entry.path()) else { continue };
             found.push((ip, Holder::parse(&content)));
         }
@@ -138,17 +143,17 @@ impl Store {
     }
 
     /// The holder of one address, if it is reserved.
-    pub fn holder(&self, ip: Ipv4Addr) -> Option<Holder> {
+    pub fn holder(&self, ip: IpAddr) -> Option<Holder> {
         fs::read(self.dir.join(ip.to_string())).ok().map(|c| Holder::parse(&c))
     }
 
     /// Every address reserved for the attachment.
-    pub fn find(&self, id: &str, ifname: &str) -> CniResult<Vec<Ipv4Addr>> {
+    pub fn find(&self, id: &str, ifname: &str) -> CniResult<Vec<IpAddr>> {
         Ok(self.reservations()?.into_iter().filter(|(_, h)| h.is(id, ifname)).map(|(ip, _)| ip).collect())
     }
 
     /// Releases every address of the attachment; releasing nothing is not an error.
-    pub fn release(&self, id: &str, ifname: &str) -> CniResult<Vec<Ipv4Addr>> {
+    pub fn release(&self, id: &str, ifname: &str) -> CniResult<Vec<IpAddr>> {
         let ips = self.find(id, ifname)?;
         for ip in &ips {
             self.remove(*ip)?;
@@ -156,12 +161,18 @@ impl Store {
         Ok(ips)
     }
 
-    pub fn remove(&self, ip: Ipv4Addr) -> CniResult<()> {
+    pub fn remove(&self, ip: IpAddr) -> CniResult<()> {
         match fs::remove_file(self.dir.join(ip.to_string())) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(e).cni(ErrorCode::IO, format!("cannot release {ip}")),
             _ => Ok(()),
         }
     }
+}
+
+/// A reservation's address, from its file name; `None` for `lock`, `last_reserved_ip.*` and
+/// temporary files.
+fn parse_ip(name: &std::ffi::OsStr) -> Option<IpAddr> {
+    name.to_str()?.parse().ok()
 }
 
 /// Who holds a reservation: container ID and interface name, or only the container ID in

@@ -257,29 +257,37 @@ impl Netlink {
         Ok(found)
     }
 
-    /// IPv4 routes of the main table that leave by `index`.
+    /// Routes of the main table, both families, that leave by `index`.
     pub async fn routes_via(&self, index: u32) -> Result<Vec<RouteEntry>> {
-        let request = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        let mut routes = self.handle.route().get(request).execute();
         let mut found = Vec::new();
-        while let Some(route) = routes.try_next().await.context("listing routes")? {
-            if route.header.table != RouteHeader::RT_TABLE_MAIN {
-                continue;
-            }
-            let (mut dst, mut gw, mut oif) = (Ipv4Addr::UNSPECIFIED, None, None);
-            for attr in &route.attributes {
-                match attr {
-                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
-                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(IpAddr::V4(*ip)),
-                    RouteAttribute::Oif(i) => oif = Some(*i),
-                    _ => {}
+        for request in [RouteMessageBuilder::<Ipv4Addr>::new().build(), RouteMessageBuilder::<Ipv6Addr>::new().build()]
+        {
+            let mut routes = self.handle.route().get(request).execute();
+            while let Some(route) = routes.try_next().await.context("listing routes")? {
+                if route.header.table != RouteHeader::RT_TABLE_MAIN {
+                    continue;
                 }
-            }
-            if oif != Some(index) {
-                continue;
-            }
-            if let Ok(dst) = IpNetwork::new(IpAddr::V4(dst), route.header.destination_prefix_length) {
-                found.push(RouteEntry { dst, gw });
+                let unspecified = match route.header.address_family {
+                    AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                    _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                };
+                let (mut dst, mut gw, mut oif) = (unspecified, None, None);
+                for attr in &route.attributes {
+                    match attr {
+                        RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = IpAddr::V4(*ip),
+                        RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = IpAddr::V6(*ip),
+                        RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(IpAddr::V4(*ip)),
+                        RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gw = Some(IpAddr::V6(*ip)),
+                        RouteAttribute::Oif(i) => oif = Some(*i),
+                        _ => {}
+                    }
+                }
+                if oif != Some(index) {
+                    continue;
+                }
+                if let Ok(dst) = IpNetwork::new(dst, route.header.destination_prefix_length) {
+                    found.push(RouteEntry { dst, gw });
+                }
             }
         }
         Ok(found)
