@@ -34,6 +34,8 @@ pub struct DatapathConfig {
     pub node_pods_prefix6: u8,
     pub pad3: [u8; 2],
     pub node_pods_ipv6: [u8; 16],
+    /// The node's address masqueraded IPv6 flows leave with (all zero: IPv6 is not masqueraded).
+    pub node_ipv6: [u8; 16],
 }
 
 impl DatapathConfig {
@@ -55,6 +57,18 @@ impl DatapathConfig {
         self.cluster_prefix6 != 0 && in_prefix6(addr, &self.cluster_ipv6, self.cluster_prefix6)
     }
 
+    /// Whether `addr` is in this node's IPv6 pod subnet (none set: never).
+    #[inline(always)]
+    pub fn in_node_pods6(&self, addr: &[u8; 16]) -> bool {
+        self.node_pods_prefix6 != 0 && in_prefix6(addr, &self.node_pods_ipv6, self.node_pods_prefix6)
+    }
+
+    /// Whether IPv6 flows to the outside are masqueraded.
+    #[inline(always)]
+    pub fn masquerades6(&self) -> bool {
+        self.masquerade != 0 && self.node_ipv6 != [0; 16]
+    }
+
     /// Whether `port` is one masquerade hands out.
     #[inline(always)]
     pub fn is_masq_port(&self, port: u16) -> bool {
@@ -68,24 +82,19 @@ fn in_prefix(addr: [u8; 4], network: [u8; 4], prefix: u8) -> bool {
     u32::from_be_bytes(addr) & mask == u32::from_be_bytes(network) & mask
 }
 
-/// Compared as two 64-bit halves: BPF has no 128-bit arithmetic worth the instructions.
+/// Byte by byte, leaving at the first difference: BPF has no unaligned wide loads, and
+/// assembling 64-bit words from bytes keeps so many values alive that the compiler spills them
+/// onto the 512-byte stack.
 #[inline(always)]
 fn in_prefix6(addr: &[u8; 16], network: &[u8; 16], prefix: u8) -> bool {
-    let half = |a: &[u8; 16], at: usize| {
-        u64::from_be_bytes([a[at], a[at + 1], a[at + 2], a[at + 3], a[at + 4], a[at + 5], a[at + 6], a[at + 7]])
-    };
-    let (high, low) = (prefix.min(64), prefix.saturating_sub(64).min(64));
-    half(addr, 0) & mask64(high) == half(network, 0) & mask64(high)
-        && half(addr, 8) & mask64(low) == half(network, 8) & mask64(low)
-}
-
-#[inline(always)]
-const fn mask64(prefix: u8) -> u64 {
-    match prefix {
-        0 => 0,
-        1..=63 => u64::MAX << (64 - prefix as u32),
-        _ => u64::MAX,
+    for i in 0..16 {
+        let bits = prefix.saturating_sub(8 * i as u8).min(8);
+        let mask = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
+        if (addr[i] ^ network[i]) & mask != 0 {
+            return false;
+        }
     }
+    true
 }
 
 #[inline(always)]

@@ -32,6 +32,8 @@ pub mod names {
     pub const TO_UPLINK: &str = "to_uplink";
     pub const FROM_UPLINK: &str = "from_uplink";
     pub const TO_POD: &str = "to_pod";
+    pub const TO_UPLINK6: &str = "to_uplink6";
+    pub const FROM_UPLINK6: &str = "from_uplink6";
     pub const ENDPOINTS: &str = "ENDPOINTS";
     pub const METRICS: &str = "METRICS";
     pub const FORWARDED: &str = "FORWARDED";

@@ -21,11 +21,15 @@ static CONFIG: DatapathConfig = DatapathConfig {
     node_pods_prefix6: 0,
     pad3: [0; 2],
     node_pods_ipv6: [0; 16],
+    node_ipv6: [0; 16],
 };
 
-/// The settings. A volatile read, or the compiler would fold the zero initialiser.
+/// The settings, read in place rather than copied (a copy is 112 bytes of a 512-byte stack).
+/// The global's address is read volatile, so the compiler cannot see which static the fields
+/// come from, and cannot fold them to the zero initialiser.
 #[inline(always)]
-pub fn get() -> DatapathConfig {
-    // SAFETY: reading a plain global that nothing writes after load.
-    unsafe { core::ptr::read_volatile(&CONFIG) }
+pub fn get() -> &'static DatapathConfig {
+    let address: *const DatapathConfig = &CONFIG;
+    // SAFETY: reading a local; the pointer is to a plain global that nothing writes after load.
+    unsafe { &*core::ptr::read_volatile(&address) }
 }

@@ -70,7 +70,7 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
 
 /// Link-local unicast (fe80::/10) or any multicast (ff00::/8): nothing to route.
 #[inline(always)]
-fn is_link_scope(addr: &[u8; 16]) -> bool {
+pub fn is_link_scope(addr: &[u8; 16]) -> bool {
     addr[0] == 0xff || addr[0] == 0xfe && addr[1] & 0xc0 == 0x80
 }
 

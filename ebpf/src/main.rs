@@ -1,7 +1,8 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
 //! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
 //! `arp.rs`, `ipv6.rs`, `ndp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`,
-//! `icmp_error.rs`, `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`).
+//! `icmp_error.rs`, `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`, `port_search.rs`; for IPv6 on the uplink
+//! `uplink6.rs`, `snat6.rs`, `flow6.rs`, `rewrite6.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -15,6 +16,8 @@ mod deliver;
 mod fib;
 #[cfg(target_arch = "bpf")]
 mod flow;
+#[cfg(target_arch = "bpf")]
+mod flow6;
 #[cfg(target_arch = "bpf")]
 mod fragments;
 #[cfg(target_arch = "bpf")]
@@ -36,17 +39,25 @@ mod packet;
 #[cfg(target_arch = "bpf")]
 mod pod_flows;
 #[cfg(target_arch = "bpf")]
+mod port_search;
+#[cfg(target_arch = "bpf")]
 mod rev_snat;
 #[cfg(target_arch = "bpf")]
 mod rewrite;
 #[cfg(target_arch = "bpf")]
+mod rewrite6;
+#[cfg(target_arch = "bpf")]
 mod snat;
+#[cfg(target_arch = "bpf")]
+mod snat6;
 #[cfg(target_arch = "bpf")]
 mod steer;
 #[cfg(target_arch = "bpf")]
 mod to_pod;
 #[cfg(target_arch = "bpf")]
 mod to_uplink;
+#[cfg(target_arch = "bpf")]
+mod uplink6;
 
 #[cfg(target_arch = "bpf")]
 mod programs {
@@ -74,6 +85,18 @@ mod programs {
     #[classifier]
     pub fn from_uplink(ctx: TcContext) -> i32 {
         crate::from_uplink::ingress(&ctx)
+    }
+
+    /// TC egress of the uplink, IPv6: masquerade pod → outside.
+    #[classifier]
+    pub fn to_uplink6(ctx: TcContext) -> i32 {
+        crate::uplink6::egress(&ctx)
+    }
+
+    /// TC ingress of the uplink, IPv6: replies to masqueraded flows, flows from the outside.
+    #[classifier]
+    pub fn from_uplink6(ctx: TcContext) -> i32 {
+        crate::uplink6::ingress(&ctx)
     }
 
     #[panic_handler]

@@ -3,13 +3,19 @@
 //! of one would be taken for the other's. Default ranges keep them apart already
 //! (`masqPortRange` above `ip_local_port_range`); this catches what binds into the range.
 use aya_ebpf::{
-    bindings::{BPF_F_CURRENT_NETNS, bpf_sock_tuple, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as Ipv4Tuple},
+    bindings::{
+        BPF_F_CURRENT_NETNS, bpf_sock_tuple, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as Ipv4Tuple,
+        bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2 as Ipv6Tuple,
+    },
     cty::c_void,
     helpers::{bpf_sk_lookup_udp, bpf_sk_release, bpf_skc_lookup_tcp},
     programs::TcContext,
 };
 
-use crate::flow::{Flow, PROTO_TCP, PROTO_UDP};
+use crate::{
+    flow::{Flow, PROTO_TCP, PROTO_UDP},
+    flow6::Flow6,
+};
 
 /// Whether a socket of the node would receive a reply from the flow's destination to
 /// `node_ipv4:port`.
@@ -23,15 +29,38 @@ pub fn hold(ctx: &TcContext, flow: &Flow, node_ipv4: [u8; 4], port: u16) -> bool
         sport: flow.dst_port.to_be(),
         dport: port.to_be(),
     };
-    let size = core::mem::size_of::<Ipv4Tuple>() as u32;
+    lookup(ctx, flow.protocol, &mut tuple, core::mem::size_of::<Ipv4Tuple>() as u32)
+}
+
+/// The same for an IPv6 flow and `node_ipv6:port`. Not inlined: its tuple would take stack
+/// in every caller's frame, once per search.
+#[inline(never)]
+pub fn hold6(ctx: &TcContext, flow: &Flow6, node_ipv6: &[u8; 16], port: u16) -> bool {
+    let words = |a: [u8; 16]| {
+        let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+        [w(0), w(4), w(8), w(12)]
+    };
+    // SAFETY: an all-zero tuple is valid; the IPv6 member is filled in next.
+    let mut tuple: bpf_sock_tuple = unsafe { core::mem::zeroed() };
+    tuple.__bindgen_anon_1.ipv6 = Ipv6Tuple {
+        saddr: words(flow.key.dst_addr),
+        daddr: words(*node_ipv6),
+        sport: flow.key.dst_port.to_be(),
+        dport: port.to_be(),
+    };
+    lookup(ctx, flow.key.protocol, &mut tuple, core::mem::size_of::<Ipv6Tuple>() as u32)
+}
+
+#[inline(always)]
+fn lookup(ctx: &TcContext, protocol: u8, tuple: &mut bpf_sock_tuple, size: u32) -> bool {
     let netns = BPF_F_CURRENT_NETNS as u64;
     let skb = ctx.skb.skb.cast();
     // SAFETY: helper calls with a valid tuple of `size` bytes; a socket found is released.
     unsafe {
-        let socket = match flow.protocol {
+        let socket = match protocol {
             // `skc`: listeners and request and time-wait sockets too, not only full ones.
-            PROTO_TCP => bpf_skc_lookup_tcp(skb, &mut tuple, size, netns, 0),
-            PROTO_UDP => bpf_sk_lookup_udp(skb, &mut tuple, size, netns, 0),
+            PROTO_TCP => bpf_skc_lookup_tcp(skb, tuple, size, netns, 0),
+            PROTO_UDP => bpf_sk_lookup_udp(skb, tuple, size, netns, 0),
             _ => return false,
         };
         if socket.is_null() {

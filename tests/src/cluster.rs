@@ -94,8 +94,24 @@ impl Cluster {
             });
             node.extra.insert("ipam".into(), ipam);
         }
+        // A node resolves a forwarded packet's next hop only once the interface's link-local
+        // address has passed duplicate address detection (about a second after link up).
+        for (ns, dev) in [(&n1, "uplink0"), (&n1, "underlay0"), (&n2, "underlay0"), (&self.ext.name, "eth0")] {
+            wait_for_link_local(ns, dev)?;
+        }
         Ok(())
     }
+}
+
+fn wait_for_link_local(ns: &str, dev: &str) -> Result<()> {
+    for _ in 0..100 {
+        let ready = run_in(ns, "ip", &["-6", "addr", "show", "dev", dev, "scope", "link", "-tentative"])?;
+        if String::from_utf8_lossy(&ready.stdout).contains("fe80::") {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    anyhow::bail!("{dev} in {ns} has no usable link-local address after 5 s")
 }
 
 /// A veth pair between two namespaces, both ends up.

@@ -70,7 +70,14 @@ impl Datapath {
             .cni(ErrorCode::INTERNAL, "SETTINGS has another layout")?;
         recorded.set(0, settings.config, 0).cni(ErrorCode::DATAPATH, "cannot record the settings")?;
         // Pinned before they are attached, so that a restarted load finds their filters.
-        for name in [names::TO_UPLINK, names::FROM_UPLINK, names::TO_POD, names::FROM_POD] {
+        for name in [
+            names::TO_UPLINK,
+            names::FROM_UPLINK,
+            names::TO_UPLINK6,
+            names::FROM_UPLINK6,
+            names::TO_POD,
+            names::FROM_POD,
+        ] {
             let program = classifier(&mut ebpf, name)?;
             program.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}"))?;
             if name != names::FROM_POD {
@@ -78,7 +85,7 @@ impl Datapath {
             }
         }
         if let Some(uplink) = &settings.uplink {
-            for (name, direction) in uplink::PROGRAMS {
+            for &(name, direction) in uplink::programs_for(&settings.config) {
                 if uplink::attach(classifier(&mut ebpf, name)?, uplink, direction)? {
                     self.mark_clsact_ours()?;
                 }

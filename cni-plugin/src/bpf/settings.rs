@@ -64,22 +64,39 @@ impl Settings {
             config.node_pods_prefix6 = pods.prefix();
         }
         let log_level = conf.ebpf_log_level()?;
-        // IPv6 is not masqueraded yet: an IPv6-only network has nothing to masquerade.
-        if !conf.ip_masq || pod_subnet.is_none() {
+        if !conf.ip_masq {
             return Ok(Self { config, uplink: None, log_level });
         }
         let (uplink, index) = uplink(conf, node).await?;
-        let node_ip = match conf.node_ip {
-            Some(ip) => ip,
-            None => {
-                node.primary_ipv4(index).await.cni(ErrorCode::IO, "cannot list the uplink's addresses")?.ok_or_else(
-                    || invalid(format!("ipMasq: uplink {uplink} has no global IPv4 address"), "set nodeIP"),
-                )?
-            }
-        };
+        // Each family the pods have needs the node's address of that family.
+        if pod_subnet.is_some() {
+            let node_ip = match conf.node_ip {
+                Some(ip) => ip,
+                None => node
+                    .primary_ipv4(index)
+                    .await
+                    .cni(ErrorCode::IO, "cannot list the uplink's addresses")?
+                    .ok_or_else(|| {
+                        invalid(format!("ipMasq: uplink {uplink} has no global IPv4 address"), "set nodeIP")
+                    })?,
+            };
+            config.node_ipv4 = node_ip.octets();
+        }
+        if pod_subnet_v6.is_some() {
+            let node_ipv6 = match conf.node_ipv6 {
+                Some(ip) => ip,
+                None => node
+                    .primary_ipv6(index)
+                    .await
+                    .cni(ErrorCode::IO, "cannot list the uplink's addresses")?
+                    .ok_or_else(|| {
+                        invalid(format!("ipMasq: uplink {uplink} has no usable global IPv6 address"), "set nodeIPv6")
+                    })?,
+            };
+            config.node_ipv6 = node_ipv6.octets();
+        }
         let ports = conf.masq_ports()?;
         config.masquerade = 1;
-        config.node_ipv4 = node_ip.octets();
         config.uplink_ifindex = index;
         config.port_min = *ports.start();
         config.port_max = *ports.end();
@@ -163,9 +180,10 @@ impl fmt::Display for Describe<'_> {
         if c.masquerade == 0 {
             return write!(f, ", no masquerade");
         }
+        let v6 = if c.node_ipv6 != [0; 16] { format!(" and {}", Ipv6Addr::from(c.node_ipv6)) } else { String::new() };
         write!(
             f,
-            ", masquerade behind {} on ifindex {}, ports {}-{}, {} new flows per pod per minute",
+            ", masquerade behind {}{v6} on ifindex {}, ports {}-{}, {} new flows per pod per minute",
             Ipv4Addr::from(c.node_ipv4),
             c.uplink_ifindex,
             c.port_min,

@@ -16,9 +16,20 @@ use crate::{
     net::netlink::Netlink,
 };
 
-/// Where each uplink program runs.
-pub const PROGRAMS: [(&str, TcAttachType); 2] =
-    [(names::TO_UPLINK, TcAttachType::Egress), (names::FROM_UPLINK, TcAttachType::Ingress)];
+/// Where each uplink program runs: IPv4's pair, then IPv6's (programs of their own: each has the
+/// 512-byte stack to itself).
+pub const PROGRAMS: [(&str, TcAttachType); 4] = [
+    (names::TO_UPLINK, TcAttachType::Egress),
+    (names::FROM_UPLINK, TcAttachType::Ingress),
+    (names::TO_UPLINK6, TcAttachType::Egress),
+    (names::FROM_UPLINK6, TcAttachType::Ingress),
+];
+
+/// The uplink programs a network with these settings attaches: IPv6's only with IPv6 pods, so
+/// that an IPv4-only network's uplink runs one program each way, as before.
+pub fn programs_for(config: &DatapathConfig) -> &'static [(&'static str, TcAttachType)] {
+    if config.cluster_prefix6 != 0 { &PROGRAMS } else { &PROGRAMS[..2] }
+}
 
 impl Datapath {
     /// Removes the uplink filters running this network's pinned uplink programs; returns how

@@ -55,9 +55,8 @@ pub struct NetConf {
     /// The address masqueraded traffic leaves with. Default: the uplink's primary IPv4 address.
     #[serde(rename = "nodeIP")]
     pub node_ip: Option<Ipv4Addr>,
-    /// The address masqueraded IPv6 traffic leaves with. Default: the uplink's global IPv6
-    /// address.
-    #[allow(dead_code, reason = "for the IPv6 datapath, not wired yet")]
+    /// The address masqueraded IPv6 traffic leaves with. Default: the uplink's first usable
+    /// global IPv6 address.
     #[serde(rename = "nodeIPv6")]
     pub node_ipv6: Option<Ipv6Addr>,
     /// `"min-max"`: the ports masqueraded flows leave from.

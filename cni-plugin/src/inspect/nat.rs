@@ -1,15 +1,15 @@
 //! The `nat` view: every masqueraded flow (both entries of it), and the pod it belongs to. A NAT
 //! entry only records its owner, the attachment's cookie (a hash); the pod's address comes from
 //! the owner's ENDPOINTS entries and its container from their host veth's alias.
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use anyhow::Result;
 use aya::maps::HashMap;
-use ebpf_common::{FAMILY_IPV4, FlowKey, NAT_EGRESS, NatEntry, names};
+use ebpf_common::{ENDPOINT_LINK_LOCAL, FlowKey, IpKey, NAT_EGRESS, NatEntry, names};
 use serde::Serialize;
 
 use super::{
-    maps::{ipv4, short_id},
+    maps::{ip_of, short_id},
     programs::Interfaces,
     table::Row,
 };
@@ -32,7 +32,7 @@ pub struct NatRow {
     owner: String,
     idle_seconds: u64,
     /// The owner's pod address; none when the owner has no endpoint left.
-    pod: Option<Ipv4Addr>,
+    pod: Option<IpAddr>,
     /// The owner's container ID and interface, from its host veth's alias.
     container_id: Option<String>,
     ifname: Option<String>,
@@ -65,11 +65,10 @@ impl Row for NatRow {
 pub fn rows(pins: &Pins, interfaces: impl FnOnce() -> Result<Interfaces>) -> Result<Vec<NatRow>> {
     let map: HashMap<_, FlowKey, NatEntry> = HashMap::try_from(open_map(pins, names::NAT)?)?;
     let flows: Vec<(FlowKey, NatEntry)> = map.iter().filter_map(Result::ok).collect();
-    let mut pods: BTreeMap<u64, Vec<(Ipv4Addr, u32)>> = BTreeMap::new();
+    let mut pods: BTreeMap<u64, Vec<(IpAddr, u32)>> = BTreeMap::new();
     if !flows.is_empty() {
-        // Masquerade is IPv4 only: a pod is named by its IPv4 address.
-        for (key, ep) in endpoint_entries(pins)?.into_iter().filter(|(key, _)| key.family == FAMILY_IPV4) {
-            pods.entry(ep.owner).or_default().push((ipv4(key.addr), ep.host_ifindex));
+        for (key, ep) in endpoint_entries(pins)?.into_iter().filter(|(_, ep)| ep.flags & ENDPOINT_LINK_LOCAL == 0) {
+            pods.entry(ep.owner).or_default().push((ip_of(&key), ep.host_ifindex));
         }
     }
     let names = if flows.iter().any(|(_, e)| pods.contains_key(&e.owner)) { Some(interfaces()?) } else { None };
@@ -81,7 +80,7 @@ pub fn rows(pins: &Pins, interfaces: impl FnOnce() -> Result<Interfaces>) -> Res
         .map(|(key, entry)| {
             let egress = entry.direction == NAT_EGRESS;
             // The pod's side of the flow: the source going out, what a reply is rewritten to.
-            let pod_side = ipv4(if egress { key.src_addr } else { entry.addr });
+            let pod_side = address(key.family, if egress { key.src_addr } else { entry.addr });
             let endpoint = pods
                 .get(&entry.owner)
                 .and_then(|eps| eps.iter().find(|(ip, _)| *ip == pod_side).or_else(|| eps.first()).copied());
@@ -92,11 +91,12 @@ pub fn rows(pins: &Pins, interfaces: impl FnOnce() -> Result<Interfaces>) -> Res
                     6 => "tcp",
                     17 => "udp",
                     1 => "icmp",
+                    58 => "icmpv6",
                     _ => "other",
                 },
-                src: format!("{}:{}", ipv4(key.src_addr), key.src_port),
-                dst: format!("{}:{}", ipv4(key.dst_addr), key.dst_port),
-                translated: format!("{}:{}", ipv4(entry.addr), entry.port),
+                src: endpoint_text(address(key.family, key.src_addr), key.src_port),
+                dst: endpoint_text(address(key.family, key.dst_addr), key.dst_port),
+                translated: endpoint_text(address(key.family, entry.addr), entry.port),
                 owner: entry.owner.to_string(),
                 idle_seconds: now_ns.saturating_sub(entry.last_seen_ns) / 1_000_000_000,
                 pod: endpoint.map(|(ip, _)| ip),
@@ -137,4 +137,14 @@ mod tests {
         let json = serde_json::to_value(row(None, None)).unwrap();
         assert!(json["pod"].is_null() && json["container_id"].is_null() && json["owner"] == "42", "{json}");
     }
+}
+
+/// An address of a `NAT` key or entry, in the key's family.
+fn address(family: u8, addr: [u8; 16]) -> IpAddr {
+    ip_of(&IpKey { family, pad: [0; 3], addr })
+}
+
+/// `addr:port`, with IPv6 addresses in brackets as in a URL.
+fn endpoint_text(addr: IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(addr, port).to_string()
 }

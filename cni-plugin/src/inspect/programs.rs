@@ -105,7 +105,9 @@ impl Row for ProgramRow {
 
 pub fn rows(pins: &Pins, interfaces: &Interfaces) -> Result<Vec<ProgramRow>> {
     let mut pinned = BTreeMap::new();
-    for name in [names::FROM_POD, names::TO_POD, names::TO_UPLINK, names::FROM_UPLINK] {
+    for name in
+        [names::FROM_POD, names::TO_POD, names::TO_UPLINK, names::FROM_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK6]
+    {
         let info = ProgramInfo::from_pin(pins.program(name)).with_context(|| format!("opening pinned {name}"))?;
         pinned.insert(info.id(), name);
     }

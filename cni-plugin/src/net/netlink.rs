@@ -241,6 +241,27 @@ impl Netlink {
         Ok(None)
     }
 
+    /// The link's first global IPv6 address that is usable now: not tentative (duplicate
+    /// address detection still running), not deprecated, not a temporary (privacy) one.
+    pub async fn primary_ipv6(&self, index: u32) -> Result<Option<Ipv6Addr>> {
+        let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();
+        let unusable = AddressHeaderFlags::Tentative | AddressHeaderFlags::Deprecated | AddressHeaderFlags::Secondary;
+        while let Some(msg) = addresses.try_next().await.context("listing addresses")? {
+            let h = &msg.header;
+            if h.family != AddressFamily::Inet6 || h.scope != AddressScope::Universe || h.flags.intersects(unusable) {
+                continue;
+            }
+            let address = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
+                _ => None,
+            });
+            if address.is_some() {
+                return Ok(address);
+            }
+        }
+        Ok(None)
+    }
+
     /// The addresses of a link (with their prefix lengths).
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>> {
         let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();

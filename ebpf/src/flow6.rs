@@ -1,0 +1,76 @@
+//! The addresses and ports of an IPv6 packet, as NAT sees them (`flow.rs` for IPv4). Only
+//! packets whose first header after IPv6 is TCP, UDP or ICMPv6 echo are translated: extension
+//! headers (fragments among them) are `NatUntranslatable`.
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{DropReason, FAMILY_IPV6, FlowKey};
+use network_types::{eth::EthHdr, ip::Ipv6Hdr};
+
+use crate::flow::{PROTO_TCP, PROTO_UDP, TCP_FIN, TCP_RST};
+
+pub const PROTO_ICMPV6: u8 = 58;
+const ECHO_REQUEST: u8 = 128;
+const ECHO_REPLY: u8 = 129;
+
+pub const IP_OFFSET: usize = EthHdr::LEN;
+pub const L4_OFFSET: usize = EthHdr::LEN + Ipv6Hdr::LEN;
+
+/// One direction of a TCP, UDP or ICMPv6 echo flow: its `NAT` key as it is on the wire (ports
+/// in host byte order; an echo's identifier is the request's source port and the reply's
+/// destination port, as in IPv4), kept whole so that lookups use it without building a copy
+/// (each copy is 40 bytes of a stack the port search needs).
+#[derive(Clone, Copy)]
+pub struct Flow6 {
+    pub key: FlowKey,
+    /// FIN and RST as in `flow::Flow::tcp_flags`.
+    pub tcp_flags: u8,
+}
+
+impl Flow6 {
+    #[inline(always)]
+    pub fn parse(ctx: &TcContext) -> Result<Self, DropReason> {
+        // Field by field rather than whole headers: every byte loaded is a byte of stack.
+        let next_header: u8 = ctx.load(IP_OFFSET + 6).map_err(|_| DropReason::Malformed)?;
+        let mut tcp_flags = 0;
+        let (src_port, dst_port) = match next_header {
+            PROTO_TCP | PROTO_UDP => {
+                let ports: [u8; 4] = ctx.load(L4_OFFSET).map_err(|_| DropReason::Malformed)?;
+                if next_header == PROTO_TCP {
+                    // The flags byte: FIN is bit 0, RST bit 2, as `tcp_flags` keeps them.
+                    tcp_flags =
+                        ctx.load::<u8>(L4_OFFSET + 13).map_err(|_| DropReason::Malformed)? & (TCP_FIN | TCP_RST);
+                }
+                (u16::from_be_bytes([ports[0], ports[1]]), u16::from_be_bytes([ports[2], ports[3]]))
+            }
+            PROTO_ICMPV6 => {
+                // Type, code, checksum, identifier.
+                let head: [u8; 6] = ctx.load(L4_OFFSET).map_err(|_| DropReason::Malformed)?;
+                let id = u16::from_be_bytes([head[4], head[5]]);
+                match head[0] {
+                    ECHO_REQUEST => (id, 0),
+                    ECHO_REPLY => (0, id),
+                    _ => return Err(DropReason::NatUntranslatable),
+                }
+            }
+            _ => return Err(DropReason::NatUntranslatable),
+        };
+        let mut key = key(next_header, [0; 16], src_port, [0; 16], dst_port);
+        [key.src_addr, key.dst_addr] = ctx.load(IP_OFFSET + 8).map_err(|_| DropReason::Malformed)?;
+        Ok(Self { key, tcp_flags })
+    }
+
+    #[inline(always)]
+    pub fn reply_key(&self) -> FlowKey {
+        let k = &self.key;
+        key(k.protocol, k.dst_addr, k.dst_port, k.src_addr, k.src_port)
+    }
+
+    #[inline(always)]
+    pub fn closes(&self) -> bool {
+        self.key.protocol == PROTO_TCP && self.tcp_flags & (TCP_FIN | TCP_RST) != 0
+    }
+}
+
+#[inline(always)]
+pub fn key(protocol: u8, src: [u8; 16], src_port: u16, dst: [u8; 16], dst_port: u16) -> FlowKey {
+    FlowKey { family: FAMILY_IPV6, protocol, pad: [0; 2], src_port, dst_port, src_addr: src, dst_addr: dst }
+}

@@ -1,0 +1,139 @@
+//! IPv6 masquerade, both ways (`snat.rs` and `rev_snat.rs` for IPv4, whose `NAT` entries,
+//! port claims, timeouts and per-pod limit these share): a pod's flow to outside the cluster
+//! leaves with the node's IPv6 address and a port of the range; its replies get the pod's
+//! address and port back and go on into the node's stack.
+use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext};
+use ebpf_common::{DatapathConfig, DropReason, ForwardPath, NAT_EGRESS, NAT_REPLY, NatEntry};
+
+use crate::{
+    flow6::{self, Flow6},
+    maps, node_sockets, packet, pod_flows,
+    port_search::{PortSearch, SOCKET_SEARCHES},
+    rewrite::Side,
+    rewrite6::rewrite,
+    snat,
+};
+
+/// Gives the pod's packet the node's IPv6 address and the flow's port.
+#[inline(always)]
+pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow6, owner: u64) -> Result<(), DropReason> {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let port = match existing_port(flow, config, now) {
+        Some(port) => port,
+        None => unpack(allocate_apart(ctx, flow, config, owner, now))?,
+    };
+    rewrite(ctx, flow, Side::Source, config.node_ipv6, port)
+}
+
+/// A reply to the node's IPv6 address: translated back if it belongs to a masqueraded flow.
+#[inline(always)]
+pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
+    // Anything without ports (an ICMPv6 error, an extension header) is the node's.
+    let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
+    if !config.is_masq_port(flow.key.dst_port) {
+        return packet::PASS;
+    }
+    let Some(entry) = maps::NAT.get_ptr_mut(&flow.key) else { return packet::PASS };
+    // SAFETY: an LRU value, valid while this program runs.
+    let entry = unsafe {
+        snat::touch(entry, bpf_ktime_get_ns(), flow.closes());
+        *entry
+    };
+    if let Err(reason) = rewrite(ctx, &flow, Side::Destination, entry.addr, entry.port) {
+        return maps::drop(ctx, reason);
+    }
+    maps::forwarded(ctx, ForwardPath::ReplyToPod, packet::PASS)
+}
+
+#[inline(always)]
+fn existing_port(flow: &Flow6, config: &DatapathConfig, now: u64) -> Option<u16> {
+    let egress = maps::NAT.get_ptr_mut(&flow.key)?;
+    // SAFETY: an LRU value; a concurrent writer can only store another whole, valid entry.
+    let port = unsafe { (*egress).port };
+    let reply = maps::NAT.get_ptr_mut(&reply_key(flow, config, port))?;
+    // SAFETY: as above.
+    unsafe {
+        if (*reply).addr != flow.key.src_addr || (*reply).port != flow.key.src_port {
+            return None;
+        }
+        snat::touch(egress, now, flow.closes());
+        snat::touch(reply, now, flow.closes());
+    }
+    Some(port)
+}
+
+/// [`allocate`] in a BPF function of its own: the port search's state then never sits on the
+/// per-packet path's frame, and the two fit the 512-byte stack one after the other. A new flow
+/// pays the call. The result is packed in one word (a BPF function returns one register).
+#[inline(never)]
+fn allocate_apart(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, now: u64) -> u32 {
+    match allocate(ctx, flow, config, owner, now) {
+        Ok(port) => u32::from(port),
+        Err(DropReason::NatPodLimit) => POD_LIMIT,
+        Err(_) => 0,
+    }
+}
+
+/// Ports are 1–65535: 0 and this stand for the two reasons a new flow gets none.
+const POD_LIMIT: u32 = 0x1_0000;
+
+#[inline(always)]
+fn unpack(packed: u32) -> Result<u16, DropReason> {
+    match packed {
+        0 => Err(DropReason::NatPortsExhausted),
+        POD_LIMIT => Err(DropReason::NatPodLimit),
+        port => Ok(port as u16),
+    }
+}
+
+#[inline(always)]
+fn allocate(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
+    if !pod_flows::admit(owner, now, config.pod_flows_per_minute) {
+        return Err(DropReason::NatPodLimit);
+    }
+    let port = match claim_free_port(ctx, flow, config, owner, now) {
+        0 => return Err(DropReason::NatPortsExhausted),
+        port => port,
+    };
+    let egress = NatEntry { addr: config.node_ipv6, port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
+    if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_ANY)).is_err() {
+        let _ = maps::NAT.remove(&reply_key(flow, config, port));
+        return Err(DropReason::NatPortsExhausted);
+    }
+    Ok(port)
+}
+
+/// As `snat::claim_free_port`.
+#[inline(always)]
+fn claim_free_port(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, now: u64) -> u16 {
+    let mut search = PortSearch::new(reply_key(flow, config, 0), reply_entry(flow, owner, now), config);
+    for _ in 0..SOCKET_SEARCHES {
+        let Some(port) = search.next() else { return 0 };
+        if !node_sockets::hold6(ctx, flow, &config.node_ipv6, port) {
+            return port;
+        }
+        search.give_back(port);
+    }
+    0
+}
+
+#[inline(always)]
+fn reply_entry(flow: &Flow6, owner: u64, now: u64) -> NatEntry {
+    NatEntry {
+        addr: flow.key.src_addr,
+        port: flow.key.src_port,
+        direction: NAT_REPLY,
+        closing: 0,
+        pad: [0; 4],
+        owner,
+        last_seen_ns: now,
+    }
+}
+
+/// The key a reply arrives with: outside → node, ports swapped.
+#[inline(always)]
+fn reply_key(flow: &Flow6, config: &DatapathConfig, port: u16) -> ebpf_common::FlowKey {
+    let k = &flow.key;
+    flow6::key(k.protocol, k.dst_addr, k.dst_port, config.node_ipv6, port)
+}
