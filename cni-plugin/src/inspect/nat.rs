@@ -109,6 +109,16 @@ pub fn rows(pins: &Pins, interfaces: impl FnOnce() -> Result<Interfaces>) -> Res
     Ok(rows)
 }
 
+/// An address of a `NAT` key or entry, in the key's family.
+fn address(family: u8, addr: [u8; 16]) -> IpAddr {
+    ip_of(&IpKey { family, pad: [0; 3], addr })
+}
+
+/// `addr:port`, with IPv6 addresses in brackets as in a URL.
+fn endpoint_text(addr: IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(addr, port).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{NatRow, Row as _};
@@ -137,14 +147,4 @@ mod tests {
         let json = serde_json::to_value(row(None, None)).unwrap();
         assert!(json["pod"].is_null() && json["container_id"].is_null() && json["owner"] == "42", "{json}");
     }
-}
-
-/// An address of a `NAT` key or entry, in the key's family.
-fn address(family: u8, addr: [u8; 16]) -> IpAddr {
-    ip_of(&IpKey { family, pad: [0; 3], addr })
-}
-
-/// `addr:port`, with IPv6 addresses in brackets as in a URL.
-fn endpoint_text(addr: IpAddr, port: u16) -> String {
-    std::net::SocketAddr::new(addr, port).to_string()
 }
