@@ -1,7 +1,8 @@
 //! `ebpf-cni install`: puts this binary into the node's CNI bin dir and writes the node's
-//! conflist from its pod CIDR. Both files are written aside and renamed into place, so a
-//! runtime reading them at that moment sees the old file or the new one, never half of one;
-//! a conflist that would not change is left alone (kubelet reacts to every write).
+//! conflist from its pod CIDRs (IPv4, IPv6 or both: one IPAM range set each). Both files are
+//! written aside and renamed into place, so a runtime reading them at that moment sees the old
+//! file or the new one, never half of one; a conflist that would not change is left alone
+//! (kubelet reacts to every write).
 use std::{
     fs::{self, File},
     io::Write as _,
@@ -11,10 +12,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
-use ipnetwork::Ipv4Network;
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde_json::{Value, json};
 
-use crate::{cni::config::NetConf, kube};
+use crate::{cni::config::NetConf, ipam::Ipam, kube};
 
 /// The conflist's name: `10-` sorts it before most others, as kubelet uses the first one.
 pub const CONFLIST: &str = "10-ebpf-cni.conflist";
@@ -24,17 +25,20 @@ pub struct Install {
     /// The host's root: `/` on a node, `/host` in the DaemonSet, any directory to try it out.
     #[arg(long, default_value = "/")]
     root: PathBuf,
-    /// The node's pod CIDR. Default: `spec.podCIDR` of node `--node`, read from the API server.
-    #[arg(long)]
-    pod_cidr: Option<Ipv4Network>,
-    /// The node whose pod CIDR to read (the DaemonSet passes spec.nodeName).
+    /// The node's pod CIDRs, at most one per family: `10.244.1.0/24`, or dual-stack
+    /// `10.244.1.0/24,fd00:10:244:1::/64` (or the flag twice). Default: `spec.podCIDRs` of node
+    /// `--node`, read from the API server.
+    #[arg(long, value_delimiter = ',')]
+    pod_cidr: Vec<IpNetwork>,
+    /// The node whose pod CIDRs to read (the DaemonSet passes spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     node: Option<String>,
     #[command(flatten)]
     source: kube::Source,
-    /// The pod addresses of all nodes (`clusterCIDR`). Default: the node's pod CIDR.
-    #[arg(long)]
-    cluster_cidr: Option<Ipv4Network>,
+    /// The pod addresses of all nodes (`clusterCIDR`), at most one CIDR per family, comma-separated
+    /// as --pod-cidr. Default: the node's pod CIDR of each family.
+    #[arg(long, value_delimiter = ',')]
+    cluster_cidr: Vec<IpNetwork>,
     /// Masquerade traffic from pods to outside the cluster CIDR (`ipMasq`).
     #[arg(long)]
     masquerade: bool,
@@ -47,16 +51,20 @@ pub struct Install {
 }
 
 pub fn run(args: Install) -> Result<()> {
-    let pod_cidr = match (args.pod_cidr, &args.node) {
-        (Some(cidr), _) => cidr,
-        (None, Some(node)) => args
-            .source
-            .node(node)?
-            .pod_cidr_v4()
-            .with_context(|| format!("node {node} has no IPv4 spec.podCIDR yet (is --allocate-node-cidrs on?)"))?,
-        (None, None) => bail!("give --pod-cidr, or --node to read it from the API server"),
+    let pod_cidrs = match (args.pod_cidr.is_empty(), &args.node) {
+        (false, _) => Cidrs::of("--pod-cidr", &args.pod_cidr)?,
+        (true, Some(node)) => node_pod_cidrs(&args.source.node(node)?)?,
+        (true, None) => bail!("give --pod-cidr, or --node to read it from the API server"),
     };
-    let conflist = conflist(&args, pod_cidr)?;
+    let cluster_cidrs = Cidrs::of("--cluster-cidr", &args.cluster_cidr)?;
+    if pod_cidrs.v6.is_some() && cluster_cidrs.v4.is_some() && cluster_cidrs.v6.is_none() {
+        // Allowed (the datapath then takes the node's own IPv6 pod CIDR for the cluster's),
+        // but most likely a DaemonSet not yet told that the cluster became dual-stack.
+        eprintln!(
+            "note: --cluster-cidr has no IPv6 CIDR: the plugin takes this node's IPv6 pod CIDR for the cluster's"
+        );
+    }
+    let conflist = conflist(&args, &pod_cidrs, &cluster_cidrs)?;
     let source = match &args.binary {
         Some(path) => path.clone(),
         None => std::env::current_exe().context("finding the running binary")?,
@@ -71,28 +79,76 @@ pub fn run(args: Install) -> Result<()> {
         println!("{} is up to date", conf.display());
     } else {
         replace(&conf, text.as_bytes(), 0o644)?;
-        println!("wrote {} (pods get addresses from {pod_cidr})", conf.display());
+        println!("wrote {} (pods get addresses from {})", conf.display(), pod_cidrs.joined());
     }
     Ok(())
 }
 
-/// The node's conflist, checked with the plugin's own parser before anything is written.
-fn conflist(args: &Install, pod_cidr: Ipv4Network) -> Result<Value> {
-    let subnet = Ipv4Network::new(pod_cidr.network(), pod_cidr.prefix())?;
+/// At most one CIDR per address family, each normalised to its network address.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Cidrs {
+    v4: Option<Ipv4Network>,
+    v6: Option<Ipv6Network>,
+}
+
+impl Cidrs {
+    fn of(what: &str, cidrs: &[IpNetwork]) -> Result<Self> {
+        let mut sorted = Self::default();
+        for cidr in cidrs {
+            let twice = match *cidr {
+                IpNetwork::V4(n) => sorted.v4.replace(Ipv4Network::new(n.network(), n.prefix())?).is_some(),
+                IpNetwork::V6(n) => sorted.v6.replace(Ipv6Network::new(n.network(), n.prefix())?).is_some(),
+            };
+            if twice {
+                bail!("{what}: at most one CIDR per address family (got {cidrs:?})");
+            }
+        }
+        Ok(sorted)
+    }
+
+    /// IPv4 first, as Kubernetes' dual-stack flags and the plugin's `clusterCIDR` write them.
+    fn iter(&self) -> impl Iterator<Item = IpNetwork> {
+        self.v4.map(IpNetwork::V4).into_iter().chain(self.v6.map(IpNetwork::V6))
+    }
+
+    fn joined(&self) -> String {
+        self.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// Every CIDR of the node's `spec.podCIDRs` (else `spec.podCIDR`).
+fn node_pod_cidrs(node: &kube::Node) -> Result<Cidrs> {
+    let cidrs = Cidrs { v4: node.pod_cidr_v4(), v6: node.pod_cidr_v6() };
+    if cidrs == Cidrs::default() {
+        bail!("node {} has no spec.podCIDR yet (is --allocate-node-cidrs on?)", node.metadata.name);
+    }
+    Ok(cidrs)
+}
+
+/// The node's conflist, checked with the plugin's own parsers (configuration and IPAM) before
+/// anything is written.
+fn conflist(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs) -> Result<Value> {
+    // One range set per family: host-local's dual-stack form, one address of each per pod.
+    let ranges: Vec<Value> = pod_cidrs.iter().map(|subnet| json!([{ "subnet": subnet.to_string() }])).collect();
+    let defaults = [pod_cidrs.v4.map(|_| "0.0.0.0/0"), pod_cidrs.v6.map(|_| "::/0")];
+    let routes: Vec<Value> = defaults.into_iter().flatten().map(|dst| json!({ "dst": dst })).collect();
     let mut plugin = json!({
         "type": "ebpf-cni",
         "ipMasq": args.masquerade,
-        "ipam": { "type": "host-local", "ranges": [[{ "subnet": subnet.to_string() }]], "routes": [{ "dst": "0.0.0.0/0" }] },
+        "ipam": { "type": "host-local", "ranges": ranges, "routes": routes },
     });
-    if let Some(cidr) = args.cluster_cidr {
-        plugin["clusterCIDR"] = json!(cidr.to_string());
+    if cluster_cidrs.iter().next().is_some() {
+        plugin["clusterCIDR"] = json!(cluster_cidrs.joined());
     }
     // Runtimes of today speak 1.0.0 at most and want the answer in the version they asked for.
     let list = json!({ "cniVersion": "1.0.0", "name": args.network, "plugins": [plugin] });
     let mut check = list["plugins"][0].clone();
     check["cniVersion"] = list["cniVersion"].clone();
     check["name"] = list["name"].clone();
-    NetConf::parse(check.to_string().as_bytes()).map_err(|e| anyhow::anyhow!("the conflist would be refused: {e}"))?;
+    let raw = check.to_string();
+    let refused = |e: crate::cni::CniError| anyhow::anyhow!("the conflist would be refused: {e}");
+    let conf = NetConf::parse(raw.as_bytes()).map_err(refused)?;
+    Ipam::from_conf(&conf, raw.as_bytes()).map_err(refused)?;
     Ok(list)
 }
 
@@ -116,7 +172,63 @@ fn replace(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        install: Install,
+    }
+
+    fn parse(args: &[&str]) -> Install {
+        Cli::try_parse_from(["install", "--root", "/nowhere"].iter().chain(args)).unwrap().install
+    }
+
+    #[test]
+    fn dual_stack_conflist_has_one_range_set_per_family_ipv4_first() {
+        for pod_cidr in [
+            &["--pod-cidr", "fd00:10:244:1::/64,10.244.1.0/24"][..],
+            &["--pod-cidr", "10.244.1.0/24", "--pod-cidr", "fd00:10:244:1::/64"],
+        ] {
+            let mut args = vec!["--cluster-cidr", "fd00:10:244::/56,10.244.0.0/16"];
+            args.extend(pod_cidr);
+            let args = parse(&args);
+            let pods = Cidrs::of("--pod-cidr", &args.pod_cidr).unwrap();
+            let cluster = Cidrs::of("--cluster-cidr", &args.cluster_cidr).unwrap();
+            let plugin = &conflist(&args, &pods, &cluster).unwrap()["plugins"][0];
+            assert_eq!(
+                plugin["ipam"]["ranges"],
+                json!([[{ "subnet": "10.244.1.0/24" }], [{ "subnet": "fd00:10:244:1::/64" }]])
+            );
+            assert_eq!(plugin["ipam"]["routes"], json!([{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]));
+            assert_eq!(plugin["clusterCIDR"], "10.244.0.0/16,fd00:10:244::/56");
+        }
+    }
+
+    #[test]
+    fn single_stack_ipv4_conflist_is_as_before() {
+        let args = parse(&["--pod-cidr", "10.244.1.7/24"]);
+        let pods = Cidrs::of("--pod-cidr", &args.pod_cidr).unwrap();
+        let list = conflist(&args, &pods, &Cidrs::default()).unwrap();
+        let plugin = &list["plugins"][0];
+        assert_eq!(plugin["ipam"]["ranges"], json!([[{ "subnet": "10.244.1.0/24" }]]), "the network address");
+        assert_eq!(plugin["ipam"]["routes"], json!([{ "dst": "0.0.0.0/0" }]));
+        assert!(plugin.get("clusterCIDR").is_none());
+    }
+
+    #[test]
+    fn refuses_two_cidrs_of_one_family_and_what_the_plugin_would_refuse() {
+        let args = parse(&["--pod-cidr", "10.244.1.0/24,10.244.2.0/24"]);
+        let err = Cidrs::of("--pod-cidr", &args.pod_cidr).unwrap_err().to_string();
+        assert!(err.contains("at most one CIDR per address family"), "{err}");
+        // host-local refuses an IPv6 subnet narrower than /126: caught before anything is written.
+        let args = parse(&["--pod-cidr", "10.244.1.0/24,fd00::/127"]);
+        let pods = Cidrs::of("--pod-cidr", &args.pod_cidr).unwrap();
+        let err = conflist(&args, &pods, &Cidrs::default()).unwrap_err().to_string();
+        assert!(err.contains("would be refused"), "{err}");
+    }
 
     #[test]
     fn replace_leaves_no_temporary_file() {

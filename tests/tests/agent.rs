@@ -1,7 +1,7 @@
 //! `ebpf-cni agent`: routes to the other nodes' pod CIDRs follow the Node objects (read from a
 //! file holding an API response, and listed then watched on a fake API server over HTTP), pods
-//! reach each other across nodes through them, and routes the agent did not make are never
-//! touched; nor does a list that looks broken remove any.
+//! reach each other across nodes through them (over IPv6 too, on dual-stack nodes), and routes
+//! the agent did not make are never touched; nor does a list that looks broken remove any.
 use std::{
     net::SocketAddrV4,
     path::Path,
@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ebpf_cni_tests::{Cluster, FakeApi, Say, UNDERLAY_IPS, agent::RunningAgent, run_in};
+use ebpf_cni_tests::{Cluster, FakeApi, Say, UNDERLAY_IPS, UNDERLAY_IPV6S, agent::RunningAgent, run_in};
 use serde_json::{Value, json};
 
 const SUBNETS: [&str; 2] = ["10.252.1.0/24", "10.252.2.0/24"];
@@ -56,9 +56,14 @@ fn agent(c: &Cluster, n: usize, args: &[&str]) -> (bool, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// Routes in a node's main table as `dst via gw proto p`, sorted.
+/// IPv4 routes in a node's main table as `dst via gw proto p`, sorted.
 fn routes(c: &Cluster, n: usize) -> Vec<String> {
-    let out = run_in(&c.nodes[n].node.name, "ip", &["-j", "route", "show", "table", "main"]).unwrap();
+    routes_of(c, n, "-4")
+}
+
+/// Routes of one family (`-4`, `-6`) in a node's main table as `dst via gw proto p`, sorted.
+fn routes_of(c: &Cluster, n: usize, family: &str) -> Vec<String> {
+    let out = run_in(&c.nodes[n].node.name, "ip", &[family, "-j", "route", "show", "table", "main"]).unwrap();
     let routes: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let mut routes: Vec<String> = routes
         .iter()
@@ -164,6 +169,109 @@ fn routes_follow_the_nodes() {
     write_nodes(&nodes, &[node1]);
     assert!(agent(&c, 0, &["--nodes-file", file]).0);
     assert_eq!(routes(&c, 0), [foreign]);
+}
+
+const SUBNETS6: [&str; 2] = ["fd00:10:252:1::/64", "fd00:10:252:2::/64"];
+
+/// A dual-stack node: one pod CIDR and one InternalIP per family, IPv4 first.
+fn dual_stack_node(name: &str, pod_cidrs: [&str; 2], ips: [&str; 2]) -> Value {
+    json!({
+        "metadata": { "name": name },
+        "spec": { "podCIDR": pod_cidrs[0], "podCIDRs": pod_cidrs },
+        "status": { "addresses": [{ "type": "InternalIP", "address": ips[0] }, { "type": "InternalIP", "address": ips[1] }] },
+    })
+}
+
+/// Waits up to 5 s for the underlay's link-local addresses to finish duplicate address detection:
+/// a node solicits the next hop of a forwarded packet only from a link-local address that passed
+/// it, so before then the first packets between pods of the two nodes are lost (1 ping in 2).
+fn wait_for_underlay_link_locals(c: &Cluster) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for tb in &c.nodes {
+        let args = ["-6", "addr", "show", "dev", "underlay0", "scope", "link", "tentative"];
+        while !run_in(&tb.node.name, "ip", &args).unwrap().stdout.is_empty() {
+            assert!(Instant::now() < deadline, "{}: underlay0's link-local address is still tentative", tb.node.name);
+            sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// ADD on node `n`; the new pod's netns and its IPv6 address (the result's second).
+fn add_dual_stack_pod(c: &mut Cluster, n: usize) -> (String, String) {
+    let tb = &mut c.nodes[n];
+    let pod = tb.new_pod().unwrap();
+    let out = tb.cni("ADD", pod, &tb.conf("1.0.0")).unwrap();
+    assert!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
+    let ipv6 = out.json()["ips"][1]["address"].as_str().unwrap().split('/').next().unwrap().to_string();
+    (tb.pods[pod].netns.name.clone(), ipv6)
+}
+
+/// Dual-stack nodes: each other node's IPv6 pod CIDR via its IPv6 InternalIP beside the IPv4
+/// route, both proto 236, pods talking over IPv6 through them; and the IPv6 routes follow the
+/// rules of the IPv4 ones (a gateway that moves, someone else's route left alone, a node that
+/// leaves takes both its routes with it).
+#[test]
+fn routes_both_families_of_dual_stack_nodes() {
+    let Some(mut c) = Cluster::for_test("routes_both_families_of_dual_stack_nodes", "agt6", "10.252.0.0/16", SUBNETS)
+    else {
+        return;
+    };
+    // Addresses of both families on the underlay (nodad), IPv6 forwarding in the node namespaces.
+    c.add_ipv6("fd00:10:252::/56", SUBNETS6).unwrap();
+    wait_for_underlay_link_locals(&c);
+    // The cluster's hand-made routes, both families: the agent's job now.
+    for (n, other) in [(0, 1), (1, 0)] {
+        run_in(&c.nodes[n].node.name, "ip", &["route", "del", SUBNETS[other]]).unwrap();
+        run_in(&c.nodes[n].node.name, "ip", &["-6", "route", "del", SUBNETS6[other]]).unwrap();
+    }
+    let nodes = c.nodes[0].data_dir().with_file_name("nodes.json");
+    let file = nodes.to_str().unwrap();
+    let (u1, u2) = (UNDERLAY_IPS[0], UNDERLAY_IPS[1]);
+    let (u1v6, u2v6) = (UNDERLAY_IPV6S[0], UNDERLAY_IPV6S[1]);
+    let node1 = dual_stack_node("node-1", [SUBNETS[0], SUBNETS6[0]], [u1, u1v6]);
+    write_nodes(&nodes, &[node1.clone(), dual_stack_node("node-2", [SUBNETS[1], SUBNETS6[1]], [u2, u2v6])]);
+    for n in 0..2 {
+        let (ok, stderr) = agent(&c, n, &["--nodes-file", file]);
+        assert!(ok && stderr.contains("2 added"), "node {}: {stderr}", n + 1);
+    }
+    assert_eq!(routes(&c, 0), [format!("{} via {u2} proto 236", SUBNETS[1])]);
+    assert_eq!(routes_of(&c, 0, "-6"), [format!("{} via {u2v6} proto 236", SUBNETS6[1])]);
+    assert_eq!(routes(&c, 1), [format!("{} via {u1} proto 236", SUBNETS[0])]);
+    assert_eq!(routes_of(&c, 1, "-6"), [format!("{} via {u1v6} proto 236", SUBNETS6[0])]);
+
+    let (ns_a, v6_a) = add_dual_stack_pod(&mut c, 0);
+    let (ns_b, v6_b) = add_dual_stack_pod(&mut c, 1);
+    let ping6 = |ns: &str, ip: &str| run_in(ns, "ping", &["-6", "-c", "1", "-W", "2", ip]).is_ok();
+    assert!(ping6(&ns_a, &v6_b), "pod on node 1 -> pod on node 2 over IPv6 through the agent's route");
+    assert!(ping6(&ns_b, &v6_a), "and back");
+
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(ok && !stderr.contains("added"), "a second sync changes nothing: {stderr}");
+
+    // Node 2's IPv6 address moves: only its IPv6 route's gateway follows.
+    write_nodes(&nodes, &[node1.clone(), dual_stack_node("node-2", [SUBNETS[1], SUBNETS6[1]], [u2, "fd00:10:254::3"])]);
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(ok && stderr.contains("0 added, 1 changed"), "{stderr}");
+    assert_eq!(routes(&c, 0), [format!("{} via {u2} proto 236", SUBNETS[1])]);
+    assert_eq!(routes_of(&c, 0, "-6"), [format!("{} via fd00:10:254::3 proto 236", SUBNETS6[1])]);
+
+    // Someone else's IPv6 route to a node's pod CIDR stays, and the sync says it could not set
+    // its own.
+    run_in(&c.nodes[0].node.name, "ip", &["-6", "route", "add", "fd00:10:252:9::/64", "via", u2v6]).unwrap();
+    let foreign = format!("fd00:10:252:9::/64 via {u2v6} proto boot");
+    let node3 = dual_stack_node("node-3", ["10.252.9.0/24", "fd00:10:252:9::/64"], [u2, u2v6]);
+    write_nodes(&nodes, &[node1.clone(), node3]);
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(!ok && stderr.contains(&format!("{foreign} is there")), "{stderr}");
+    assert_eq!(routes(&c, 0), [format!("10.252.9.0/24 via {u2} proto 236")], "node 2 left: its routes went");
+    assert_eq!(routes_of(&c, 0, "-6"), std::slice::from_ref(&foreign));
+
+    // Node 3 leaves too: its IPv4 route goes, the IPv6 one that was never the agent's stays.
+    write_nodes(&nodes, &[node1]);
+    let (ok, stderr) = agent(&c, 0, &["--nodes-file", file]);
+    assert!(ok && stderr.contains("1 removed"), "{stderr}");
+    assert_eq!(routes(&c, 0), Vec::<String>::new());
+    assert_eq!(routes_of(&c, 0, "-6"), [foreign]);
 }
 
 /// Routes the agent did not make to destinations nodes want: neither replaced nor deleted, and a

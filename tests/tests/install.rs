@@ -1,6 +1,7 @@
 //! `ebpf-cni install --root <dir>`: the binary and the conflist land in a throwaway root as the
 //! DaemonSet's init container puts them on a node, from a pod CIDR given or read from a Node
-//! object; and a runtime using exactly what was installed gives a pod its address.
+//! object (both of a dual-stack Node's); and a runtime using exactly what was installed gives a
+//! pod its address, one of each family on a dual-stack node.
 use std::{
     fs,
     os::unix::fs::PermissionsExt as _,
@@ -75,19 +76,63 @@ fn installs_binary_and_conflist_into_a_root() {
 
     // A runtime with the installed binary first in CNI_PATH and the installed conflist (its
     // state redirected into the testbed instead of the machine's /var/lib/cni and bpffs).
-    let mut list = conflist(&root);
+    let result = add_with_installed(&mut tb, &root);
+    assert_eq!(result["ips"][0]["address"], "10.251.7.2/24", "{result}");
+}
+
+/// ADD then DEL of a new pod by a runtime with the installed binary first in CNI_PATH and the
+/// installed conflist (its state redirected into the testbed instead of the machine's
+/// /var/lib/cni and bpffs); the ADD's result.
+fn add_with_installed(tb: &mut Testbed, root: &Path) -> Value {
+    let mut list = conflist(root);
     list["plugins"][0]["ipMasq"] = json!(false);
     list["plugins"][0]["bpffsRoot"] = json!(tb.bpffs_root());
     list["plugins"][0]["ipam"]["dataDir"] = json!(tb.data_dir());
-    let mut runtime = Runtime::for_testbed(&tb);
+    let mut runtime = Runtime::for_testbed(tb);
     runtime.search_first(root.join("opt/cni/bin"));
     let list = runtime.load(&list).unwrap();
     let pod = tb.new_pod().unwrap();
     let sandbox: Sandbox = tb.sandbox(pod);
     let result = runtime.add(&list, &sandbox).unwrap();
-    assert_eq!(result["ips"][0]["address"], "10.251.7.2/24", "{result}");
     runtime.del(&list, &sandbox).unwrap();
     assert!(tb.leftovers().unwrap().is_empty());
+    result
+}
+
+/// A dual-stack Node (spec.podCIDRs lists IPv6 first here, as an IPv6-first cluster does): one
+/// range set per family, IPv4 first, `clusterCIDR` in the comma form, and pods get one address
+/// of each family.
+#[test]
+fn a_dual_stack_node_gives_both_families() {
+    let Some(mut tb) = Testbed::for_test("a_dual_stack_node_gives_both_families", "instd", "10.251.9.0/24") else {
+        return;
+    };
+    let root = root_of(&tb);
+    let nodes = tb.data_dir().with_file_name("nodes.json");
+    let node = json!({"metadata": {"name": "n1"},
+                      "spec": {"podCIDR": "fd00:10:251:9::/64", "podCIDRs": ["fd00:10:251:9::/64", "10.251.9.0/24"]}});
+    fs::write(&nodes, node.to_string()).unwrap();
+    let args = ["--node", "n1", "--nodes-file", nodes.to_str().unwrap(), "--root", root.to_str().unwrap()];
+    let cluster = ["--cluster-cidr", "10.251.0.0/16,fd00:10:251::/56"];
+    let (ok, stdout, stderr) = install(&tb.plugin.binary, &[&args[..], &cluster].concat());
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("from 10.251.9.0/24,fd00:10:251:9::/64"), "{stdout}");
+    let plugin = conflist(&root)["plugins"][0].clone();
+    assert_eq!(
+        plugin["ipam"]["ranges"],
+        json!([[{ "subnet": "10.251.9.0/24" }], [{ "subnet": "fd00:10:251:9::/64" }]])
+    );
+    assert_eq!(plugin["ipam"]["routes"], json!([{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]));
+    assert_eq!(plugin["clusterCIDR"], "10.251.0.0/16,fd00:10:251::/56");
+
+    let result = add_with_installed(&mut tb, &root);
+    let ips: Vec<&str> = result["ips"].as_array().unwrap().iter().map(|ip| ip["address"].as_str().unwrap()).collect();
+    assert_eq!(ips, ["10.251.9.2/24", "fd00:10:251:9::2/64"], "{result}");
+
+    // The same from the flag, one value per family in either order, gives the same conflist.
+    let again = ["--pod-cidr", "fd00:10:251:9::/64", "--pod-cidr", "10.251.9.0/24", "--root", root.to_str().unwrap()];
+    let (ok, stdout, stderr) = install(&tb.plugin.binary, &[&again[..], &cluster].concat());
+    assert!(ok && stdout.contains("up to date"), "{stdout} {stderr}");
 }
 
 #[test]
@@ -115,10 +160,11 @@ fn reads_the_pod_cidr_of_its_node() {
     // Nothing is written when the pod CIDR cannot be known.
     let empty = root.with_file_name("root2");
     for (args, says) in [
-        (vec!["--node", "n2", "--nodes-file", nodes_arg], "has no IPv4 spec.podCIDR"),
+        (vec!["--node", "n2", "--nodes-file", nodes_arg], "has no spec.podCIDR"),
         (vec!["--node", "n9", "--nodes-file", nodes_arg], "no node named"),
         (vec![], "give --pod-cidr"),
         (vec!["--pod-cidr", "10.0.0.0/33"], "invalid value"),
+        (vec!["--pod-cidr", "10.0.0.0/24,10.0.1.0/24"], "at most one CIDR per address family"),
     ] {
         let mut full = vec!["--root", empty.to_str().unwrap()];
         full.extend(args);

@@ -1,6 +1,7 @@
 //! `ebpf-cni agent`: keeps the node's routes to the other nodes' pod CIDRs (host-gw: each
-//! via that node's InternalIP, which must be on a shared L2 segment) in step with the cluster's
-//! Node objects, watched on the API server. Routes stay when the agent stops, so pods keep
+//! via that node's InternalIP of the same family, which must be on a shared L2 segment; IPv4
+//! and, on dual-stack nodes, IPv6) in step with the cluster's Node objects, watched on the API
+//! server. Routes stay when the agent stops, so pods keep
 //! working through an agent restart or upgrade.
 mod plan;
 mod stats;

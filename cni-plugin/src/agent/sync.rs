@@ -2,7 +2,7 @@
 use std::{collections::BTreeSet, sync::Arc};
 
 use anyhow::{Result, anyhow};
-use ipnetwork::Ipv4Network;
+use ipnetwork::IpNetwork;
 
 use super::{
     plan::{Plan, Prune, doubt, plan, wanted_routes},
@@ -36,7 +36,7 @@ impl Syncer {
     /// Brings the routes in line with `nodes`. A node absent from them is gone, and its route
     /// with it, unless `stale` (or the list itself, see `doubt`) says why it may not be; then only
     /// the routes to `deleted` destinations go. `deleted` is emptied once nothing failed.
-    pub fn sync(&self, nodes: &[&Node], deleted: &mut BTreeSet<Ipv4Network>, stale: Option<&str>) -> Result<Changes> {
+    pub fn sync(&self, nodes: &[&Node], deleted: &mut BTreeSet<IpNetwork>, stale: Option<&str>) -> Result<Changes> {
         let suspect = doubt(nodes, &self.own);
         if let Some(why) = &suspect {
             log::warn!("{why}: no route is removed for a node missing from it");
@@ -66,7 +66,7 @@ impl Syncer {
     }
 
     /// [`Self::sync`], with its outcome in the log.
-    pub fn sync_logged(&self, nodes: &[&Node], deleted: &mut BTreeSet<Ipv4Network>, stale: Option<&str>) {
+    pub fn sync_logged(&self, nodes: &[&Node], deleted: &mut BTreeSet<IpNetwork>, stale: Option<&str>) {
         match self.sync(nodes, deleted, stale) {
             Ok(changes) => log_changes(&changes),
             Err(e) => log::error!("sync failed: {e:#}"),

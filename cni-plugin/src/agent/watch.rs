@@ -4,9 +4,9 @@
 use std::{collections::BTreeSet, thread::sleep, time::Duration};
 
 use anyhow::Result;
-use ipnetwork::Ipv4Network;
+use ipnetwork::IpNetwork;
 
-use super::sync::Syncer;
+use super::{plan::pod_cidrs, sync::Syncer};
 use crate::kube::{Api, Change, NodeCache};
 
 pub fn run(api: &Api, syncer: &Syncer, round: Duration) -> ! {
@@ -56,7 +56,7 @@ fn watch(
     api: &Api,
     cache: &mut NodeCache,
     syncer: &Syncer,
-    deleted: &mut BTreeSet<Ipv4Network>,
+    deleted: &mut BTreeSet<IpNetwork>,
     round: Duration,
     backoff: &mut Backoff,
 ) -> Result<Option<String>> {
@@ -71,7 +71,7 @@ fn watch(
             Change::None => {}
             Change::Nodes => dirty = true,
             Change::Deleted(node) => {
-                deleted.extend(node.pod_cidr_v4());
+                deleted.extend(pod_cidrs(&node));
                 dirty = true;
             }
             Change::Relist(why) => return Ok(Some(why)),

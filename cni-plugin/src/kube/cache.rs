@@ -1,8 +1,11 @@
 //! The agent's picture of the cluster's nodes: one list, then the watch's events applied to it.
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use anyhow::{Context as _, Result, bail};
-use ipnetwork::Ipv4Network;
+use ipnetwork::{Ipv4Network, Ipv6Network};
 
 use super::{Node, NodeList, watch::Event};
 
@@ -78,9 +81,11 @@ impl NodeCache {
     }
 }
 
-/// What of a node its route depends on.
-fn route_of(node: &Node) -> (Option<Ipv4Network>, Option<Ipv4Addr>) {
-    (node.pod_cidr_v4(), node.internal_ipv4())
+/// What of a node its routes (one per family) depend on.
+type RouteInputs = (Option<Ipv4Network>, Option<Ipv4Addr>, Option<Ipv6Network>, Option<Ipv6Addr>);
+
+fn route_of(node: &Node) -> RouteInputs {
+    (node.pod_cidr_v4(), node.internal_ipv4(), node.pod_cidr_v6(), node.internal_ipv6())
 }
 
 #[cfg(test)]
@@ -110,6 +115,23 @@ mod tests {
         assert_eq!(cache.nodes().iter().map(|n| n.metadata.name.as_str()).collect::<Vec<_>>(), ["a"]);
         cache.apply(parse(r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"12"}}}"#).unwrap()).unwrap();
         assert_eq!(cache.resource_version(), "12");
+    }
+
+    #[test]
+    fn an_ipv6_change_alone_calls_for_a_sync() {
+        let list = r#"{"metadata":{"resourceVersion":"5"},"items":[]}"#;
+        let mut cache = NodeCache::new(serde_json::from_str(list).unwrap()).unwrap();
+        let dual = |version: &str, ipv6: &str| {
+            parse(&format!(
+                r#"{{"type":"MODIFIED","object":{{"metadata":{{"name":"b","resourceVersion":"{version}"}},
+                    "spec":{{"podCIDRs":["10.1.0.0/24","fd00:1::/64"]}},"status":{{"addresses":[
+                    {{"type":"InternalIP","address":"10.0.0.1"}},{{"type":"InternalIP","address":"{ipv6}"}}]}}}}}}"#
+            ))
+            .unwrap()
+        };
+        assert!(matches!(cache.apply(dual("6", "fd00::1")).unwrap(), Change::Nodes));
+        assert!(matches!(cache.apply(dual("7", "fd00::1")).unwrap(), Change::None));
+        assert!(matches!(cache.apply(dual("8", "fd00::11")).unwrap(), Change::Nodes), "the IPv6 gateway moved");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The parts of a Kubernetes Node object the installer and the agent read: its name, its pod
-//! CIDR and its internal address; and the resource versions a watch resumes from.
-use std::net::Ipv4Addr;
+//! CIDRs and its internal addresses, one of each per family; and the resource versions a watch
+//! resumes from.
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnetwork::Ipv4Network;
+use ipnetwork::{Ipv4Network, Ipv6Network};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -61,12 +62,31 @@ pub struct Address {
 impl Node {
     /// The node's IPv4 pod CIDR (from `podCIDRs`, else `podCIDR`), if it has one.
     pub fn pod_cidr_v4(&self) -> Option<Ipv4Network> {
-        self.spec.pod_cidrs.iter().chain(&self.spec.pod_cidr).find_map(|c| c.parse::<Ipv4Network>().ok())
+        self.pod_cidr_texts().find_map(|c| c.parse().ok())
+    }
+
+    /// The node's IPv6 pod CIDR (from `podCIDRs`, else `podCIDR`: an IPv6-first cluster names
+    /// its IPv6 CIDR there), if it has one.
+    pub fn pod_cidr_v6(&self) -> Option<Ipv6Network> {
+        self.pod_cidr_texts().find_map(|c| c.parse().ok())
     }
 
     /// The node's IPv4 `InternalIP`: where other nodes send its pods' traffic (host-gw).
     pub fn internal_ipv4(&self) -> Option<Ipv4Addr> {
-        self.status.addresses.iter().filter(|a| a.kind == "InternalIP").find_map(|a| a.address.parse().ok())
+        self.internal_ips().find_map(|a| a.parse().ok())
+    }
+
+    /// The node's IPv6 `InternalIP`: a dual-stack node lists one `InternalIP` per family.
+    pub fn internal_ipv6(&self) -> Option<Ipv6Addr> {
+        self.internal_ips().find_map(|a| a.parse().ok())
+    }
+
+    fn pod_cidr_texts(&self) -> impl Iterator<Item = &String> {
+        self.spec.pod_cidrs.iter().chain(&self.spec.pod_cidr)
+    }
+
+    fn internal_ips(&self) -> impl Iterator<Item = &str> {
+        self.status.addresses.iter().filter(|a| a.kind == "InternalIP").map(|a| a.address.as_str())
     }
 }
 
@@ -88,6 +108,35 @@ mod tests {
         let a = &list.items[0];
         assert_eq!(a.pod_cidr_v4().unwrap().to_string(), "10.244.1.0/24");
         assert_eq!(a.internal_ipv4(), Some(Ipv4Addr::new(192, 168, 1, 10)));
-        assert_eq!((list.items[1].pod_cidr_v4(), list.items[1].internal_ipv4()), (None, None), "not yet allocated");
+        assert_eq!(a.pod_cidr_v6().unwrap().to_string(), "fd00:1::/64");
+        assert_eq!(a.internal_ipv6(), Some("fd00::1".parse().unwrap()));
+        let b = &list.items[1];
+        assert_eq!((b.pod_cidr_v4(), b.internal_ipv4()), (None, None), "not yet allocated");
+        assert_eq!((b.pod_cidr_v6(), b.internal_ipv6()), (None, None));
+    }
+
+    fn node(spec: serde_json::Value, addresses: &[(&str, &str)]) -> Node {
+        let addresses: Vec<_> = addresses.iter().map(|(t, a)| serde_json::json!({"type": t, "address": a})).collect();
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}, "spec": spec,
+                                                   "status": {"addresses": addresses}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn each_family_has_its_own_cidr_and_address() {
+        // IPv6-first: podCIDR is the IPv6 CIDR, the IPv4 one only in podCIDRs.
+        let n = node(
+            serde_json::json!({"podCIDR": "fd00:2::/64", "podCIDRs": ["fd00:2::/64", "10.244.2.0/24"]}),
+            &[("InternalIP", "fd00::2"), ("ExternalIP", "2001:db8::2"), ("InternalIP", "192.168.1.2")],
+        );
+        assert_eq!(n.pod_cidr_v4().unwrap().to_string(), "10.244.2.0/24");
+        assert_eq!(n.pod_cidr_v6().unwrap().to_string(), "fd00:2::/64");
+        assert_eq!(n.internal_ipv6(), Some("fd00::2".parse().unwrap()), "not the ExternalIP");
+        // Only podCIDR (clusters before podCIDRs), single-stack IPv4: no IPv6 at all.
+        let n = node(serde_json::json!({"podCIDR": "10.244.3.0/24"}), &[("InternalIP", "192.168.1.3")]);
+        assert_eq!(n.pod_cidr_v4().unwrap().to_string(), "10.244.3.0/24");
+        assert_eq!((n.pod_cidr_v6(), n.internal_ipv6()), (None, None));
+        let n = node(serde_json::json!({"podCIDR": "fd00:4::/64"}), &[("ExternalIP", "fd00::4")]);
+        assert_eq!((n.pod_cidr_v6().unwrap().to_string(), n.internal_ipv6()), ("fd00:4::/64".into(), None));
     }
 }
