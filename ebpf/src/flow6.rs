@@ -1,7 +1,7 @@
 //! The addresses and ports of an IPv6 packet, as NAT sees them (`flow.rs` for IPv4). Only
 //! packets whose first header after IPv6 is TCP, UDP or ICMPv6 echo are translated: extension
 //! headers (fragments among them) are `NatUntranslatable`.
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
 use ebpf_common::{DropReason, FAMILY_IPV6, FlowKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
@@ -54,7 +54,13 @@ impl Flow6 {
             _ => return Err(DropReason::NatUntranslatable),
         };
         let mut key = key(next_header, [0; 16], src_port, [0; 16], dst_port);
-        [key.src_addr, key.dst_addr] = ctx.load(IP_OFFSET + 8).map_err(|_| DropReason::Malformed)?;
+        // Both addresses straight into the key (they follow each other there as in the header).
+        let addresses: *mut [u8; 16] = &mut key.src_addr;
+        // SAFETY: `src_addr` and `dst_addr` are 32 adjacent bytes of `key` (`#[repr(C)]`).
+        let loaded = unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), (IP_OFFSET + 8) as u32, addresses.cast(), 32) };
+        if loaded != 0 {
+            return Err(DropReason::Malformed);
+        }
         Ok(Self { key, tcp_flags })
     }
 

@@ -1,13 +1,16 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
 //! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
 //! `arp.rs`, `ipv6.rs`, `ndp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`,
-//! `icmp_error.rs`, `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`, `port_search.rs`; for IPv6 on the uplink
-//! `uplink6.rs`, `snat6.rs`, `flow6.rs`, `rewrite6.rs`).
+//! `icmp_error.rs`, `checksum.rs`, `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`,
+//! `port_search.rs`; for IPv6 on the uplink `uplink6.rs`, `snat6.rs`, `flow6.rs`, `rewrite6.rs`,
+//! `icmp_error6.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 #[cfg(target_arch = "bpf")]
 mod arp;
+#[cfg(target_arch = "bpf")]
+mod checksum;
 #[cfg(target_arch = "bpf")]
 mod config;
 #[cfg(target_arch = "bpf")]
@@ -26,6 +29,8 @@ mod from_pod;
 mod from_uplink;
 #[cfg(target_arch = "bpf")]
 mod icmp_error;
+#[cfg(target_arch = "bpf")]
+mod icmp_error6;
 #[cfg(target_arch = "bpf")]
 mod ipv6;
 #[cfg(target_arch = "bpf")]

@@ -17,11 +17,11 @@ use crate::{
 
 /// Sets `side` of the packet's flow to `addr:port`.
 #[inline(always)]
-pub fn rewrite(ctx: &TcContext, flow: &Flow6, side: Side, addr: [u8; 16], port: u16) -> Result<(), DropReason> {
+pub fn rewrite(ctx: &TcContext, flow: &Flow6, side: Side, addr: &[u8; 16], port: u16) -> Result<(), DropReason> {
     let k = &flow.key;
-    let (mut old_addr, old_port) = match side {
-        Side::Source => (k.src_addr, k.src_port),
-        Side::Destination => (k.dst_addr, k.dst_port),
+    let (old_addr, old_port) = match side {
+        Side::Source => (&k.src_addr, k.src_port),
+        Side::Destination => (&k.dst_addr, k.dst_port),
     };
     let port_at = match (k.protocol, side) {
         // ICMPv6 echo: the identifier, whichever side.
@@ -36,9 +36,10 @@ pub fn rewrite(ctx: &TcContext, flow: &Flow6, side: Side, addr: [u8; 16], port: 
         PROTO_ICMPV6 => (L4_OFFSET + 2, 0),
         _ => return Err(DropReason::NatUntranslatable),
     };
-    let mut new_addr = addr;
-    // SAFETY: helper call over two 16-byte stack arrays.
-    let diff = unsafe { bpf_csum_diff(old_addr.as_mut_ptr().cast(), 16, new_addr.as_mut_ptr().cast(), 16, 0) };
+    // SAFETY: helper call over two 16-byte arrays (the flow's, and the caller's: the settings or
+    // a `NAT` value), only read.
+    let diff =
+        unsafe { bpf_csum_diff(old_addr.as_ptr().cast_mut().cast(), 16, addr.as_ptr().cast_mut().cast(), 16, 0) };
     if diff < 0 {
         return Err(DropReason::Malformed);
     }
@@ -54,5 +55,5 @@ pub fn rewrite(ctx: &TcContext, flow: &Flow6, side: Side, addr: [u8; 16], port: 
         Side::Source => IP_OFFSET + core::mem::offset_of!(Ipv6Hdr, src_addr),
         Side::Destination => IP_OFFSET + core::mem::offset_of!(Ipv6Hdr, dst_addr),
     };
-    ctx.store(addr_at, &addr, 0).map_err(|_| DropReason::Malformed)
+    ctx.store(addr_at, addr, 0).map_err(|_| DropReason::Malformed)
 }

@@ -23,24 +23,26 @@ pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow6, owner:
         Some(port) => port,
         None => unpack(allocate_apart(ctx, flow, config, owner, now))?,
     };
-    rewrite(ctx, flow, Side::Source, config.node_ipv6, port)
+    rewrite(ctx, flow, Side::Source, &config.node_ipv6, port)
 }
 
 /// A reply to the node's IPv6 address: translated back if it belongs to a masqueraded flow.
-#[inline(always)]
+/// A BPF function of its own, as `icmp_error6::translate` is: `from_uplink6` calls one or the
+/// other, and each fits the stack beside it.
+#[inline(never)]
 pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
-    // Anything without ports (an ICMPv6 error, an extension header) is the node's.
+    // Anything without ports is the node's (ICMPv6 errors went to `icmp_error6`).
     let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
     if !config.is_masq_port(flow.key.dst_port) {
         return packet::PASS;
     }
     let Some(entry) = maps::NAT.get_ptr_mut(&flow.key) else { return packet::PASS };
-    // SAFETY: an LRU value, valid while this program runs.
-    let entry = unsafe {
+    // SAFETY: an LRU value, valid while this program runs; read in place (a copy costs stack).
+    let (pod, port) = unsafe {
         snat::touch(entry, bpf_ktime_get_ns(), flow.closes());
-        *entry
+        (&(*entry).addr, (*entry).port)
     };
-    if let Err(reason) = rewrite(ctx, &flow, Side::Destination, entry.addr, entry.port) {
+    if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod, port) {
         return maps::drop(ctx, reason);
     }
     maps::forwarded(ctx, ForwardPath::ReplyToPod, packet::PASS)

@@ -78,12 +78,22 @@ pub fn checksums_valid(frame: &[u8]) -> bool {
 /// An IPv6 packet carrying ICMPv6 `message` (its checksum filled in), hop limit 255 as
 /// neighbour discovery requires.
 pub fn ipv6_icmp(src: Ipv6Addr, dst: Ipv6Addr, message: &[u8]) -> Vec<u8> {
-    let mut message = message.to_vec();
-    message[2..4].fill(0);
-    let sum = checksum(&icmpv6_covered(&src.octets(), &dst.octets(), &message));
-    message[2..4].copy_from_slice(&sum.to_be_bytes());
-    let len = (message.len() as u16).to_be_bytes();
-    [&[0x60, 0, 0, 0][..], &len, &[58, 255], &src.octets(), &dst.octets(), &message].concat()
+    ipv6_with(src, dst, 58, 255, message)
+}
+
+/// An IPv6 packet carrying TCP (6), UDP (17) or ICMPv6 (58) `l4`, its checksum filled in.
+pub fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, l4: &[u8]) -> Vec<u8> {
+    ipv6_with(src, dst, next_header, 64, l4)
+}
+
+fn ipv6_with(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, hop_limit: u8, l4: &[u8]) -> Vec<u8> {
+    let mut l4 = l4.to_vec();
+    let at = l4_checksum_at(next_header);
+    l4[at..at + 2].fill(0);
+    let sum = checksum(&pseudo6(&src.octets(), &dst.octets(), next_header, &l4));
+    l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    let len = (l4.len() as u16).to_be_bytes();
+    [&[0x60, 0, 0, 0][..], &len, &[next_header, hop_limit], &src.octets(), &dst.octets(), &l4].concat()
 }
 
 /// A neighbour solicitation (type 135) or advertisement (136, flags S and O) for `target`, with
@@ -93,13 +103,28 @@ pub fn neighbor_message(icmp_type: u8, target: Ipv6Addr, mac: [u8; 6]) -> Vec<u8
     [&[icmp_type, 0, 0, 0, flags, 0, 0, 0][..], &target.octets(), &[option, 1], &mac].concat()
 }
 
-/// Whether the ICMPv6 checksum of an Ethernet + IPv6 frame (no extension headers) is right.
-pub fn icmpv6_checksum_valid(frame: &[u8]) -> bool {
-    let ip = &frame[14..];
+/// Whether the L4 checksum (TCP, UDP or ICMPv6) of an IPv6 packet, with no extension headers,
+/// starting at `ip` is right.
+pub fn ipv6_checksum_valid(ip: &[u8]) -> bool {
     let len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    checksum(&icmpv6_covered(&ip[8..24], &ip[24..40], &ip[40..40 + len])) == 0
+    checksum(&pseudo6(&ip[8..24], &ip[24..40], ip[6], &ip[40..40 + len])) == 0
 }
 
-fn icmpv6_covered(src: &[u8], dst: &[u8], message: &[u8]) -> Vec<u8> {
-    [src, dst, &(message.len() as u32).to_be_bytes(), &[0, 0, 0, 58], message].concat()
+/// The same for an Ethernet + IPv6 frame.
+pub fn icmpv6_checksum_valid(frame: &[u8]) -> bool {
+    ipv6_checksum_valid(&frame[14..])
+}
+
+fn l4_checksum_at(next_header: u8) -> usize {
+    match next_header {
+        6 => 16,
+        17 => 6,
+        _ => 2,
+    }
+}
+
+/// What an IPv6 L4 checksum covers: the pseudo-header (addresses, length, next header), then
+/// the L4 header and payload.
+fn pseudo6(src: &[u8], dst: &[u8], next_header: u8, l4: &[u8]) -> Vec<u8> {
+    [src, dst, &(l4.len() as u32).to_be_bytes(), &[0, 0, 0, next_header], l4].concat()
 }

@@ -13,6 +13,7 @@ pub mod lan;
 mod plugin;
 mod privileges;
 pub mod probe;
+pub mod prog_run;
 pub mod prometheus;
 pub mod runtime;
 mod testbed;

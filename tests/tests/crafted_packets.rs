@@ -1,19 +1,14 @@
 //! The programs themselves, run by the kernel on crafted frames (`BPF_PROG_TEST_RUN`): the
 //! pinned programs of a real node with two pods, each frame given as if it arrived on a pod's
 //! host veth (or the uplink). Every odd frame gets the documented verdict and drop reason.
-use std::{ffi::CString, net::Ipv4Addr};
+use std::net::Ipv4Addr;
 
-use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use ebpf_cni_tests::{
-    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Testbed,
+    Cluster, EXT_SERVER, NODE1_UPLINK_IP,
     frames::{checksum, checksums_valid, with_checksums},
-    traffic::in_netns,
+    prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, try_run},
 };
 use ebpf_common::DropReason;
-
-const TC_ACT_UNSPEC: u32 = u32::MAX; // -1: leave it to the next filter and the stack
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
 const ETH_IPV4: u16 = 0x0800;
 const ETH_ARP: u16 = 0x0806;
 const UDP: u8 = 17;
@@ -44,59 +39,6 @@ fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, options: &[u8], frag: u16, payl
 fn udp(src_port: u16, dst_port: u16, body: &[u8]) -> Vec<u8> {
     let len = (8 + body.len()) as u16;
     [&src_port.to_be_bytes()[..], &dst_port.to_be_bytes(), &len.to_be_bytes(), &[0, 0], body].concat()
-}
-
-/// Runs the pinned program `name` on `frame` as if it arrived on `ifname` of the node; returns
-/// the verdict and the frame as the program left it.
-fn run(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>) -> (u32, Vec<u8>) {
-    try_run(tb, name, ifname, frame).unwrap()
-}
-
-fn try_run(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>) -> anyhow::Result<(u32, Vec<u8>)> {
-    let pin = tb.version_dir().join("progs").join(name);
-    let ifname = CString::new(ifname).unwrap();
-    in_netns(&tb.node.name, move || {
-        // The device is looked up in the caller's namespace: the node's.
-        // SAFETY: a NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
-        anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
-        // `struct __sk_buff` up to and including `ifindex` (offset 40); the rest stays zero.
-        let mut ctx = [0u8; 44];
-        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-        let program = SchedClassifier::from_pin(&pin)?;
-        let mut out = vec![0u8; frame.len() + 64];
-        let result = program.test_run(TestRunOptions {
-            data_in: Some(&frame),
-            data_out: Some(&mut out),
-            ctx_in: Some(&ctx),
-            ..TestRunOptions::default()
-        })?;
-        out.truncate(result.data_size_out as usize);
-        Ok((result.return_value, out))
-    })
-}
-
-/// Asserts the verdict of `frame` and, for a drop, that its reason was counted once.
-fn expect(
-    tb: &Testbed,
-    name: &str,
-    ifname: &str,
-    what: &str,
-    frame: Vec<u8>,
-    verdict: u32,
-    reason: Option<DropReason>,
-) -> Vec<u8> {
-    let before = reason.map(|r| tb.drops(r).unwrap());
-    let (got, out) = run(tb, name, ifname, frame);
-    assert_eq!(got, verdict, "{name}: {what}: verdict {got:#x}, expected {verdict:#x}");
-    if let (Some(reason), Some(before)) = (reason, before) {
-        let after = tb.drops(reason).unwrap();
-        // The pods' kernels add `UnsupportedProtocol` drops of their own (IPv6 router
-        // solicitations) at any moment: for that reason, at least one more is all a test can ask.
-        let counted = if reason == DropReason::UnsupportedProtocol { after > before } else { after == before + 1 };
-        assert!(counted, "{name}: {what}: {reason:?} not counted ({before} before, {after} after)");
-    }
-    out
 }
 
 #[test]

@@ -1,0 +1,66 @@
+//! Runs a network's pinned programs on crafted frames (`BPF_PROG_TEST_RUN`), as if each frame
+//! arrived on an interface of the node: the verdict, the frame as the program left it, and
+//! the drop reason counted.
+use std::ffi::CString;
+
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+use ebpf_common::DropReason;
+
+use crate::{Testbed, traffic::in_netns};
+
+pub const TC_ACT_UNSPEC: u32 = u32::MAX; // -1: leave it to the next filter and the stack
+pub const TC_ACT_SHOT: u32 = 2;
+pub const TC_ACT_REDIRECT: u32 = 7;
+
+/// Runs the pinned program `name` on `frame` as if it arrived on `ifname` of the node; returns
+/// the verdict and the frame as the program left it.
+pub fn run(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>) -> (u32, Vec<u8>) {
+    try_run(tb, name, ifname, frame).unwrap()
+}
+
+pub fn try_run(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>) -> anyhow::Result<(u32, Vec<u8>)> {
+    let pin = tb.version_dir().join("progs").join(name);
+    let ifname = CString::new(ifname).unwrap();
+    in_netns(&tb.node.name, move || {
+        // The device is looked up in the caller's namespace: the node's.
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+        anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
+        // `struct __sk_buff` up to and including `ifindex` (offset 40); the rest stays zero.
+        let mut ctx = [0u8; 44];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let program = SchedClassifier::from_pin(&pin)?;
+        let mut out = vec![0u8; frame.len() + 64];
+        let result = program.test_run(TestRunOptions {
+            data_in: Some(&frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::default()
+        })?;
+        out.truncate(result.data_size_out as usize);
+        Ok((result.return_value, out))
+    })
+}
+
+/// Asserts the verdict of `frame` and, for a drop, that its reason was counted once.
+pub fn expect(
+    tb: &Testbed,
+    name: &str,
+    ifname: &str,
+    what: &str,
+    frame: Vec<u8>,
+    verdict: u32,
+    reason: Option<DropReason>,
+) -> Vec<u8> {
+    let before = reason.map(|r| tb.drops(r).unwrap());
+    let (got, out) = run(tb, name, ifname, frame);
+    assert_eq!(got, verdict, "{name}: {what}: verdict {got:#x}, expected {verdict:#x}");
+    if let (Some(reason), Some(before)) = (reason, before) {
+        let after = tb.drops(reason).unwrap();
+        // The pods' kernels add `UnsupportedProtocol` drops of their own (IPv6 router
+        // solicitations) at any moment: for that reason, at least one more is all a test can ask.
+        let counted = if reason == DropReason::UnsupportedProtocol { after > before } else { after == before + 1 };
+        assert!(counted, "{name}: {what}: {reason:?} not counted ({before} before, {after} after)");
+    }
+    out
+}

@@ -1,0 +1,129 @@
+//! IPv6 on the uplink, run by the kernel on crafted frames (`BPF_PROG_TEST_RUN`) through the
+//! pinned `to_uplink6` and `from_uplink6` of a dual-stack node: masquerade of TCP, UDP and
+//! ICMPv6 echo both ways with every checksum right (the IPv6 pseudo-header), ICMPv6 errors
+//! (packet too big) translated back quote and all, flows opened from outside kept unmasqueraded,
+//! and addresses of the node's IPv6 pod subnet that are no pod kept in.
+use std::net::Ipv6Addr;
+
+use ebpf_cni_tests::{
+    Cluster, EXT_SERVER_V6, NODE1_UPLINK_IPV6,
+    frames::{ethernet, ipv6, ipv6_checksum_valid},
+    prog_run::{TC_ACT_SHOT, TC_ACT_UNSPEC, expect},
+};
+use ebpf_common::DropReason;
+use serde_json::Value;
+
+const ETH_IPV6: u16 = 0x86dd;
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+const ICMPV6: u8 = 58;
+/// Where things are in an Ethernet + IPv6 frame.
+const SRC: std::ops::Range<usize> = 22..38;
+const DST: std::ops::Range<usize> = 38..54;
+const L4: usize = 54;
+
+fn udp(src_port: u16, dst_port: u16, body: &[u8]) -> Vec<u8> {
+    let len = (8 + body.len()) as u16;
+    [&src_port.to_be_bytes()[..], &dst_port.to_be_bytes(), &len.to_be_bytes(), &[0, 0], body].concat()
+}
+
+fn tcp(src_port: u16, dst_port: u16, flags: u8) -> Vec<u8> {
+    let head = [&src_port.to_be_bytes()[..], &dst_port.to_be_bytes(), &[0, 0, 0, 1, 0, 0, 0, 0]].concat();
+    [head, vec![0x50, flags, 0xff, 0xff, 0, 0, 0, 0]].concat()
+}
+
+fn echo(kind: u8, id: u16) -> Vec<u8> {
+    [&[kind, 0, 0, 0][..], &id.to_be_bytes(), &[0, 1], b"ping"].concat()
+}
+
+fn port_at(frame: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([frame[L4 + at], frame[L4 + at + 1]])
+}
+
+#[test]
+fn ipv6_on_the_uplink_gets_its_documented_translations() {
+    let Some(mut c) = Cluster::for_test(
+        "ipv6_on_the_uplink_gets_its_documented_translations",
+        "craft6",
+        "10.222.0.0/16",
+        ["10.222.1.0/24", "10.222.2.0/24"],
+    ) else {
+        return;
+    };
+    c.add_ipv6("fd00:10:222::/56", ["fd00:10:222:1::/64", "fd00:10:222:2::/64"]).unwrap();
+    let tb = &mut c.nodes[0];
+    let pod = tb.new_pod().unwrap();
+    let out = tb.cni("ADD", pod, &tb.conf("1.0.0")).unwrap();
+    assert!(out.success, "ADD: {} {}", out.stdout, out.stderr);
+    let result: Value = out.json();
+    let a: Ipv6Addr = result["ips"][1]["address"].as_str().unwrap().split('/').next().unwrap().parse().unwrap();
+    let node: Ipv6Addr = NODE1_UPLINK_IPV6.parse().unwrap();
+    let ext: Ipv6Addr = EXT_SERVER_V6.parse().unwrap();
+    let frame = |src: Ipv6Addr, dst: Ipv6Addr, next: u8, l4: &[u8]| {
+        [ethernet([2; 6], [4; 6], ETH_IPV6), ipv6(src, dst, next, l4)].concat()
+    };
+    let to_uplink = |what: &str, frame: Vec<u8>, verdict: u32, reason: Option<DropReason>| {
+        expect(tb, "to_uplink6", "uplink0", what, frame, verdict, reason)
+    };
+    let from_uplink =
+        |what: &str, frame: Vec<u8>, verdict: u32| expect(tb, "from_uplink6", "uplink0", what, frame, verdict, None);
+
+    // UDP, TCP and echo out with the node's address and a port of the range; replies back.
+    for (what, next, l4, port_offset, reply) in [
+        ("UDP", UDP, udp(40000, 53, b"query"), 0, udp(53, 0, b"answer")),
+        ("TCP SYN", TCP, tcp(40001, 443, 0x02), 0, tcp(443, 0, 0x12)),
+        ("echo request", ICMPV6, echo(128, 0x1234), 4, echo(129, 0)),
+    ] {
+        let out = to_uplink(what, frame(a, ext, next, &l4), TC_ACT_UNSPEC, None);
+        assert_eq!(out[SRC], node.octets(), "{what}: masqueraded source");
+        assert!(ipv6_checksum_valid(&out[14..]), "{what}: checksum after masquerade");
+        let given = port_at(&out, port_offset);
+        assert!((1_024..=29_999).contains(&given), "{what}: port {given} is not of the range");
+        let mut reply = reply.clone();
+        let reply_port_at = if next == ICMPV6 { 4 } else { 2 };
+        reply[reply_port_at..reply_port_at + 2].copy_from_slice(&given.to_be_bytes());
+        let back = from_uplink(&format!("{what}: reply"), frame(ext, node, next, &reply), TC_ACT_UNSPEC);
+        assert_eq!(back[DST], a.octets(), "{what}: reply not translated back");
+        let restored = port_at(&back, reply_port_at);
+        assert_eq!(restored, port_at(&frame(a, ext, next, &l4), port_offset), "{what}: reply's port");
+        assert!(ipv6_checksum_valid(&back[14..]), "{what}: checksum of the translated reply");
+    }
+
+    // Packet too big, quoting the masqueraded UDP datagram: back to the pod, quote translated,
+    // the ICMPv6 checksum and the quoted UDP checksum right.
+    let sent = to_uplink("UDP again", frame(a, ext, UDP, &udp(40000, 53, b"query")), TC_ACT_UNSPEC, None);
+    let too_big = [&[2, 0, 0, 0, 0, 0, 0x05, 0x00][..], &sent[14..]].concat();
+    let back = from_uplink("packet too big", frame(ext, node, ICMPV6, &too_big), TC_ACT_UNSPEC);
+    assert_eq!(back[DST], a.octets(), "ICMPv6 error not sent on to the pod");
+    assert!(ipv6_checksum_valid(&back[14..]), "ICMPv6 error's checksum");
+    let quoted = &back[L4 + 8..];
+    assert_eq!(quoted[8..24], a.octets(), "quoted source address");
+    assert_eq!(quoted[40..42], 40000u16.to_be_bytes(), "quoted source port");
+    assert!(ipv6_checksum_valid(quoted), "quoted datagram's checksum");
+
+    // To the node on a port outside the range: the node's.
+    let node_own = from_uplink("to a node port", frame(ext, node, UDP, &udp(53, 40000, b"?")), TC_ACT_UNSPEC);
+    assert_eq!(node_own[DST], node.octets(), "left to the node");
+
+    // From outside to the pod: through the stack, and the pod's reply keeps its address.
+    let client: Ipv6Addr = "fd00:192:0:2::77".parse().unwrap();
+    from_uplink("from outside the cluster", frame(client, a, UDP, &udp(5000, 8080, b"hi")), TC_ACT_UNSPEC);
+    let answer = to_uplink("the pod's answer", frame(a, client, UDP, &udp(8080, 5000, b"ho")), TC_ACT_UNSPEC, None);
+    assert_eq!(answer[SRC], a.octets(), "a reply in a flow opened from outside was masqueraded");
+
+    // An address of the node's IPv6 pod subnet that is no pod never leaves.
+    let unused: Ipv6Addr = "fd00:10:222:1::fa".parse().unwrap();
+    to_uplink(
+        "to an unused pod address",
+        frame(a, unused, UDP, &udp(1, 2, b"x")),
+        TC_ACT_SHOT,
+        Some(DropReason::NotAPod),
+    );
+    // Extension headers (a fragment header here) cannot be translated: dropped, not leaked.
+    let fragment = [&[17, 0, 0, 1, 0, 0, 0, 9][..], &udp(40000, 53, b"x")].concat();
+    let mut fragmented = frame(a, ext, 44, &[0; 4]);
+    fragmented.truncate(L4);
+    fragmented[18..20].copy_from_slice(&(fragment.len() as u16).to_be_bytes());
+    fragmented.extend_from_slice(&fragment);
+    to_uplink("a fragment", fragmented, TC_ACT_SHOT, Some(DropReason::NatUntranslatable));
+}
