@@ -11,12 +11,17 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use ebpf_common::{FAST_PATH_MARK, ForwardPath};
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
 
 use crate::{config, maps, packet};
 
 const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
 
+#[inline(always)]
 pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     // SAFETY: both headers were bounds-checked by the caller; nothing has moved the data since.
     let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
@@ -35,18 +40,57 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     params.__bindgen_anon_2.tos = ip.tos;
     params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
     params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
-    let size = core::mem::size_of::<FibParams>() as i32;
-    // SAFETY: `params` is a valid, writable lookup structure of `size` bytes.
-    let found = unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), &mut params, size, 0) } as u32;
-    // No neighbour entry yet (the kernel resolves it; this flow then takes the stack both ways,
-    // `to_uplink` records it), or another interface than the uplink.
-    if found != BPF_FIB_LKUP_RET_SUCCESS || params.ifindex != config::get().uplink_ifindex {
+    if !lookup(ctx, &mut params) {
         return to_stack(ctx);
     }
     decrement_ttl(ip);
+    redirect(ctx, eth, &params)
+}
+
+/// The same for IPv6 (hop limit for TTL; no header checksum to fix).
+#[inline(always)]
+pub fn forward6(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv6Hdr) -> i32 {
+    // SAFETY: both headers were bounds-checked by the caller; nothing has moved the data since.
+    let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
+    if ip.hop_limit <= 1 {
+        return to_stack(ctx);
+    }
+    let words = |a: &[u8; 16]| {
+        let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+        [w(0), w(4), w(8), w(12)]
+    };
+    // SAFETY: an all-zero `bpf_fib_lookup` is a valid input.
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    params.family = AF_INET6;
+    params.l4_protocol = ip.next_hdr;
+    params.ifindex = packet::ingress_ifindex(ctx);
+    params.__bindgen_anon_1.tot_len = 0;
+    params.__bindgen_anon_3.ipv6_src = words(&ip.src_addr);
+    params.__bindgen_anon_4.ipv6_dst = words(&ip.dst_addr);
+    if !lookup(ctx, &mut params) {
+        return to_stack(ctx);
+    }
+    ip.hop_limit -= 1;
+    redirect(ctx, eth, &params)
+}
+
+/// Whether the FIB has a next hop with its MAC, through the uplink. Not: no neighbour entry yet
+/// (the kernel resolves it; this flow then takes the stack both ways, `to_uplink` records it),
+/// or another interface than the uplink.
+#[inline(always)]
+fn lookup(ctx: &TcContext, params: &mut FibParams) -> bool {
+    let size = core::mem::size_of::<FibParams>() as i32;
+    // SAFETY: `params` is a valid, writable lookup structure of `size` bytes.
+    let found = unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), params, size, 0) } as u32;
+    found == BPF_FIB_LKUP_RET_SUCCESS && params.ifindex == config::get().uplink_ifindex
+}
+
+/// Out of the uplink to the next hop, marked: `to_uplink` must not take it for a packet of the
+/// stack's (see `steer.rs`).
+#[inline(always)]
+fn redirect(ctx: &TcContext, eth: &mut EthHdr, params: &FibParams) -> i32 {
     eth.dst_addr = params.dmac;
     eth.src_addr = params.smac;
-    // `to_uplink` must not take it for a packet of the stack's (see `steer.rs`).
     ctx.set_mark(FAST_PATH_MARK);
     // SAFETY: plain helper call.
     let verdict = unsafe { bpf_redirect(params.ifindex, 0) } as i32;

@@ -5,7 +5,7 @@ use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
 use ebpf_common::{DropReason, FAMILY_IPV6, FlowKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::flow::{PROTO_TCP, PROTO_UDP, TCP_FIN, TCP_RST};
+use crate::flow::{PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 
 pub const PROTO_ICMPV6: u8 = 58;
 const ECHO_REQUEST: u8 = 128;
@@ -21,7 +21,7 @@ pub const L4_OFFSET: usize = EthHdr::LEN + Ipv6Hdr::LEN;
 #[derive(Clone, Copy)]
 pub struct Flow6 {
     pub key: FlowKey,
-    /// FIN and RST as in `flow::Flow::tcp_flags`.
+    /// FIN, SYN, RST and ACK as in `flow::Flow::tcp_flags` (the wire's bit positions).
     pub tcp_flags: u8,
 }
 
@@ -35,9 +35,9 @@ impl Flow6 {
             PROTO_TCP | PROTO_UDP => {
                 let ports: [u8; 4] = ctx.load(L4_OFFSET).map_err(|_| DropReason::Malformed)?;
                 if next_header == PROTO_TCP {
-                    // The flags byte: FIN is bit 0, RST bit 2, as `tcp_flags` keeps them.
-                    tcp_flags =
-                        ctx.load::<u8>(L4_OFFSET + 13).map_err(|_| DropReason::Malformed)? & (TCP_FIN | TCP_RST);
+                    // The flags byte, in the bit positions `tcp_flags` keeps them in.
+                    let flags = ctx.load::<u8>(L4_OFFSET + 13).map_err(|_| DropReason::Malformed)?;
+                    tcp_flags = flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
                 }
                 (u16::from_be_bytes([ports[0], ports[1]]), u16::from_be_bytes([ports[2], ports[3]]))
             }
@@ -68,6 +68,12 @@ impl Flow6 {
     pub fn reply_key(&self) -> FlowKey {
         let k = &self.key;
         key(k.protocol, k.dst_addr, k.dst_port, k.src_addr, k.src_port)
+    }
+
+    /// Whether this is a TCP segment that opens a connection (SYN without ACK).
+    #[inline(always)]
+    pub fn opens(&self) -> bool {
+        self.key.protocol == PROTO_TCP && self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     }
 
     #[inline(always)]

@@ -7,15 +7,15 @@
 //!    link-local address).
 //! 2. Neighbour solicitations are answered (`ndp.rs`); advertisements must speak for the pod.
 //! 3. Link-local and multicast destinations stay on the link: the host veth's stack gets them.
-//! 4. To another pod of this node: `bpf_redirect_peer`, unless the stack delivered either pod a
-//!    flow from a cluster address (a Service's DNAT, whose replies conntrack must see: the
-//!    IPv6 side has no per-flow `FLOWS` entries yet, so such pods' IPv6 goes through the stack).
-//! 5. Anything else (the node, other nodes, Services, the outside) goes to the node's stack.
+//! 4. To another pod of this node: `bpf_redirect_peer`; to a pod of another node: the FIB, out
+//!    of the uplink (`fib.rs`); both unless the stack handled the flow's other direction
+//!    (`steer.rs`, as for IPv4).
+//! 5. Anything else (the node, Services, the outside) goes to the node's stack.
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, ENDPOINT_LINK_LOCAL, ForwardPath, IpKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, deliver, maps, ndp, packet};
+use crate::{config, deliver, fib, maps, ndp, packet, steer};
 
 pub fn from_pod(ctx: &TcContext) -> i32 {
     // A network without IPv6 addresses: the pods' kernels still send router solicitations and
@@ -57,14 +57,24 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     if own.flags & ENDPOINT_LINK_LOCAL != 0 {
         return maps::drop(ctx, DropReason::SpoofedSource);
     }
-    match maps::endpoint(&IpKey::v6(dst)) {
-        Some(peer) if peer.flags & ENDPOINT_LINK_LOCAL == 0 => {
-            if own.stack_replies | peer.stack_replies != 0 {
-                return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
-            }
-            deliver::into_pod(ctx, &peer, ForwardPath::PodToPod)
-        }
-        _ => maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS),
+    let peer = maps::endpoint(&IpKey::v6(dst)).filter(|p| p.flags & ENDPOINT_LINK_LOCAL == 0);
+    let config = config::get();
+    // Not a pod here, not a pod elsewhere: the stack's (the node, Services, the outside, an
+    // unassigned address of this node's subnet).
+    if peer.is_none() && (config.in_node_pods6(&dst) || !config.in_cluster6(&dst)) {
+        return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
+    }
+    // As for IPv4 (`from_pod.rs`): only flagged pods' flows are looked up in `FLOWS`.
+    let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| p.stack_replies) != 0;
+    if steer::via_stack6(ctx, flagged) {
+        return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
+    }
+    match peer {
+        Some(peer) => deliver::into_pod(ctx, &peer, ForwardPath::PodToPod),
+        None => match (packet::header_mut::<EthHdr>(ctx, 0), packet::header_mut::<Ipv6Hdr>(ctx, EthHdr::LEN)) {
+            (Some(eth), Some(ip)) => fib::forward6(ctx, eth, ip),
+            _ => maps::drop(ctx, DropReason::Malformed),
+        },
     }
 }
 

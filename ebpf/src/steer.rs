@@ -12,6 +12,7 @@ use ebpf_common::{FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_UDP_NS, FLOW_VIA_STACK, Flo
 
 use crate::{
     flow::{Flow, PROTO_ICMP, PROTO_TCP},
+    flow6::{Flow6, PROTO_ICMPV6},
     icmp_error, maps,
 };
 
@@ -48,7 +49,7 @@ pub fn has(key: &FlowKey, flag: u32) -> bool {
     let now = unsafe { bpf_ktime_get_ns() };
     let timeout = match key.protocol {
         PROTO_TCP => u64::MAX,
-        PROTO_ICMP => FLOW_TIMEOUT_ICMP_NS,
+        PROTO_ICMP | PROTO_ICMPV6 => FLOW_TIMEOUT_ICMP_NS,
         _ => FLOW_TIMEOUT_UDP_NS,
     };
     // SAFETY: an LRU value, valid while this program runs.
@@ -97,5 +98,23 @@ pub fn via_stack(ctx: &TcContext, flagged: bool) -> bool {
         }
         Ok(flow) => has(&flow.key(), FLOW_VIA_STACK),
         Err(_) => icmp_error::flow_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK)),
+    }
+}
+
+/// [`via_stack`] for IPv6. A packet without ports to tell its flow by (an extension header, an
+/// ICMPv6 error) takes the stack whenever a pod involved is flagged.
+#[inline(always)]
+pub fn via_stack6(ctx: &TcContext, flagged: bool) -> bool {
+    if !flagged {
+        return false;
+    }
+    match Flow6::parse(ctx) {
+        Ok(flow) if flow.opens() => {
+            let _ = maps::FLOWS.remove(&flow.key);
+            let _ = maps::FLOWS.remove(&flow.reply_key());
+            false
+        }
+        Ok(flow) => has(&flow.key, FLOW_VIA_STACK),
+        Err(_) => true,
     }
 }

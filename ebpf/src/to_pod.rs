@@ -7,7 +7,7 @@ use ebpf_common::{FLOW_VIA_STACK, IpKey};
 
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, flow, maps, ndp, packet, steer};
+use crate::{config, flow, flow6::Flow6, maps, ndp, packet, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     if flow::is_ipv6(ctx) {
@@ -36,22 +36,25 @@ pub fn egress(ctx: &TcContext) -> i32 {
     packet::PASS
 }
 
-/// IPv6 has no `FLOWS` entries yet: a pod the stack delivered a flow from a cluster address
-/// sends all its IPv6 to pods through the stack (`ipv6.rs`). Neighbour discovery and MLD
-/// (ICMPv6 types 130 and up: `ndp.rs` answers with the gateway's address as source) do not count.
+/// The same for IPv6. Neighbour discovery and MLD (ICMPv6 types 130 and up: `ndp.rs` answers
+/// with the gateway's address as source) are no flow.
 #[inline(always)]
 fn ipv6(ctx: &TcContext) -> i32 {
     let Some(ip) = packet::header_mut::<Ipv6Hdr>(ctx, EthHdr::LEN) else { return packet::PASS };
     // SAFETY: bounds checked by `header_mut`.
     let (src, dst, next_header) = unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ip).next_hdr) };
-    if !config::get().in_cluster6(&src)
+    let config = config::get();
+    if !config.in_cluster6(&src)
         || next_header == ndp::PROTO_ICMPV6 && ndp::icmp_type(ctx).is_none_or(|t| t >= 130)
+        || config.uplink_ifindex == 0 && maps::endpoint(&IpKey::v6(src)).is_none()
     {
         return packet::PASS;
     }
+    let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
     let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v6(dst)) else { return packet::PASS };
     // SAFETY: as for IPv4.
     unsafe {
+        steer::record(&flow.reply_key(), (*pod).owner, FLOW_VIA_STACK);
         if (*pod).stack_replies == 0 {
             (*pod).stack_replies = 1;
         }

@@ -1,14 +1,17 @@
 //! IPv6 on the uplink: `to_uplink6` and `from_uplink6`, programs of their own beside the IPv4
 //! ones (each program has the 512-byte stack to itself, and IPv4's masquerade needs nearly all
-//! of it), attached only for networks with IPv6 addresses. IPv6 between nodes takes
-//! the node's stack both ways (no fast path yet, so no per-flow state); what this adds is
-//! masquerade to outside the cluster (`snat6.rs`) and, as for IPv4, flows opened from outside
-//! towards a pod's own address, whose replies keep that address.
+//! of it), attached only for networks with IPv6 addresses. The same rules as IPv4's
+//! (`to_uplink.rs`, `from_uplink.rs`): the fast path's packets go as they are, flows the stack
+//! sent to other nodes are recorded (`steer.rs`), another node's pods reach ours straight,
+//! masquerade to outside the cluster (`snat6.rs`), and flows opened from outside towards a
+//! pod's own address keep that address.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, ENDPOINT_LINK_LOCAL, FLOW_FROM_OUTSIDE, ForwardPath, IpKey};
+use ebpf_common::{
+    DropReason, ENDPOINT_LINK_LOCAL, FAST_PATH_MARK, FLOW_FROM_OUTSIDE, FLOW_VIA_STACK, ForwardPath, IpKey,
+};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, flow, flow6::Flow6, icmp_error6, ipv6, maps, packet, snat6, steer};
+use crate::{config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, packet, snat6, steer};
 
 /// Source and destination of the IPv6 packet in hand, read in place (copies would cost stack).
 #[inline(always)]
@@ -18,19 +21,11 @@ fn addresses(ctx: &TcContext) -> Option<(&[u8; 16], &[u8; 16])> {
     unsafe { Some((&(*ip).src_addr, &(*ip).dst_addr)) }
 }
 
-/// A pod's address (not its link-local one) on this node: its endpoint's owner. Read in place.
-#[inline(always)]
-fn pod_owner(addr: &[u8; 16]) -> Option<u64> {
-    let endpoint = maps::ENDPOINTS.get_ptr(&IpKey::v6(*addr))?;
-    // SAFETY: a hash map value, valid while this program runs.
-    let (flags, owner) = unsafe { ((*endpoint).flags, (*endpoint).owner) };
-    (flags & ENDPOINT_LINK_LOCAL == 0).then_some(owner)
-}
-
 /// `to_uplink6`: what `to_uplink` is for IPv4. Anything but IPv6 is `to_uplink`'s.
 #[inline(always)]
 pub fn egress(ctx: &TcContext) -> i32 {
-    if !flow::is_ipv6(ctx) {
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    if !flow::is_ipv6(ctx) || unsafe { (*ctx.skb.skb).mark } == FAST_PATH_MARK {
         return packet::PASS;
     }
     let config = config::get();
@@ -38,10 +33,32 @@ pub fn egress(ctx: &TcContext) -> i32 {
     if config.in_node_pods6(dst) {
         return maps::drop(ctx, DropReason::NotAPod);
     }
-    if !config.in_cluster6(src) || config.in_cluster6(dst) || ipv6::is_link_scope(dst) || !config.masquerades6() {
+    if !config.in_cluster6(src) || ipv6::is_link_scope(dst) {
         return packet::PASS;
     }
-    let Some(owner) = pod_owner(src) else { return packet::PASS };
+    let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v6(*src)) else { return packet::PASS };
+    // SAFETY: a hash map value, valid while this program runs.
+    let (owner, flags) = unsafe { ((*pod).owner, (*pod).flags) };
+    if flags & ENDPOINT_LINK_LOCAL != 0 {
+        return packet::PASS;
+    }
+    // To another node's pod through the stack (a Service's remote endpoint): its replies must
+    // take the stack too (`steer.rs`).
+    if config.in_cluster6(dst) {
+        if let Ok(flow) = Flow6::parse(ctx) {
+            steer::record(&flow.reply_key(), owner, FLOW_VIA_STACK);
+            // SAFETY: as above; one byte, written once.
+            unsafe {
+                if (*pod).stack_peers == 0 {
+                    (*pod).stack_peers = 1;
+                }
+            }
+        }
+        return packet::PASS;
+    }
+    if !config.masquerades6() {
+        return packet::PASS;
+    }
     let flow = match Flow6::parse(ctx) {
         Ok(flow) => flow,
         Err(reason) => return maps::drop(ctx, reason),
@@ -69,11 +86,17 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         }
         return snat6::reply(ctx, config);
     }
-    let Some(owner) = pod_owner(dst) else { return packet::PASS };
-    if !config.in_cluster6(src)
-        && let Ok(flow) = Flow6::parse(ctx)
-    {
-        steer::record(&flow.reply_key(), owner, FLOW_FROM_OUTSIDE);
+    let Some(pod) = maps::endpoint(&IpKey::v6(*dst)).filter(|e| e.flags & ENDPOINT_LINK_LOCAL == 0) else {
+        return packet::PASS;
+    };
+    if !config.in_cluster6(src) {
+        if let Ok(flow) = Flow6::parse(ctx) {
+            steer::record(&flow.reply_key(), pod.owner, FLOW_FROM_OUTSIDE);
+        }
+        return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
-    maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS)
+    if steer::via_stack6(ctx, pod.stack_peers | pod.stack_replies != 0) {
+        return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
+    }
+    deliver::into_pod(ctx, &pod, ForwardPath::FromOtherNode)
 }

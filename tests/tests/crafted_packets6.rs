@@ -2,13 +2,15 @@
 //! pinned `to_uplink6` and `from_uplink6` of a dual-stack node: masquerade of TCP, UDP and
 //! ICMPv6 echo both ways with every checksum right (the IPv6 pseudo-header), ICMPv6 errors
 //! (packet too big) translated back quote and all, flows opened from outside kept unmasqueraded,
-//! and addresses of the node's IPv6 pod subnet that are no pod kept in.
+//! addresses of the node's IPv6 pod subnet that are no pod kept in, and which way a flow goes:
+//! the FIB fast path to another node's pod, flows the stack handled kept on the stack.
 use std::net::Ipv6Addr;
 
 use ebpf_cni_tests::{
-    Cluster, EXT_SERVER_V6, NODE1_UPLINK_IPV6,
+    Cluster, EXT_SERVER_V6, EXT_UPLINK_IPV6, NODE1_UPLINK_IPV6,
     frames::{ethernet, ipv6, ipv6_checksum_valid},
-    prog_run::{TC_ACT_SHOT, TC_ACT_UNSPEC, expect},
+    prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect},
+    run_in,
 };
 use ebpf_common::DropReason;
 use serde_json::Value;
@@ -126,4 +128,29 @@ fn ipv6_on_the_uplink_gets_its_documented_translations() {
     fragmented[18..20].copy_from_slice(&(fragment.len() as u16).to_be_bytes());
     fragmented.extend_from_slice(&fragment);
     to_uplink("a fragment", fragmented, TC_ACT_SHOT, Some(DropReason::NatUntranslatable));
+
+    // Which way a flow goes, as for IPv4 (`steer.rs`). Another node's pod behind the uplink: a
+    // route to its subnet via the router, whose MAC the node knows.
+    let n1 = tb.node.name.clone();
+    run_in(&n1, "ip", &["-6", "route", "add", "fd00:10:222:9::/64", "via", EXT_UPLINK_IPV6]).unwrap();
+    run_in(&n1, "ping", &["-6", "-c", "1", "-W", "2", EXT_UPLINK_IPV6]).unwrap();
+    let remote: Ipv6Addr = "fd00:10:222:9::5".parse().unwrap();
+    let host_veth = result["interfaces"][0]["name"].as_str().unwrap().to_string();
+    let from_pod =
+        |what: &str, frame: Vec<u8>, verdict: u32| expect(tb, "from_pod", &host_veth, what, frame, verdict, None);
+    let out = from_pod("to another node's pod", frame(a, remote, UDP, &udp(7000, 7001, b"x")), TC_ACT_REDIRECT);
+    assert_eq!(out[21], 63, "hop limit decremented, as a router does");
+    // A flow the stack sent to another node (a Service's remote endpoint) is recorded: its
+    // replies from the uplink take the stack; the pod's other flows come straight in.
+    to_uplink("through the stack to another node", frame(a, remote, UDP, &udp(7002, 53, b"q")), TC_ACT_UNSPEC, None);
+    from_uplink("its reply", frame(remote, a, UDP, &udp(53, 7002, b"r")), TC_ACT_UNSPEC);
+    let other = frame(remote, a, UDP, &udp(53, 7003, b"r"));
+    expect(tb, "from_uplink6", "uplink0", "another flow of that node's pod", other, TC_ACT_REDIRECT, None);
+    // A packet the stack delivers into the pod from a cluster address (a Service's client after
+    // DNAT): the pod's reply in that flow takes the stack, its other flows the fast path.
+    let client: Ipv6Addr = "fd00:10:222:9::6".parse().unwrap();
+    let into_pod = frame(client, a, UDP, &udp(5000, 8080, b"hi"));
+    expect(tb, "to_pod", &host_veth, "a Service's packet into the pod", into_pod, TC_ACT_UNSPEC, None);
+    from_pod("the pod's reply", frame(a, client, UDP, &udp(8080, 5000, b"ho")), TC_ACT_UNSPEC);
+    from_pod("the pod's own flow", frame(a, client, UDP, &udp(8081, 5000, b"ho")), TC_ACT_REDIRECT);
 }
