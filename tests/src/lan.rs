@@ -7,10 +7,16 @@
 //! and forwards; pods get `ipMasq` with `clusterCIDR` covering both subnets, uplink and node
 //! address left to their defaults.
 //!
+//! With [`Ipv6Plan`] ([`Lan::for_test_dual_stack`]) the LAN is dual-stack: IPv6 addresses on
+//! the LAN (no duplicate address detection, which holds an address back for a second, on the
+//! LAN's links, their link-local addresses included), an IPv6 pod subnet per node
+//! inside an IPv6 cluster CIDR, the same host-gw routes and the host's routes for IPv6, IPv6
+//! forwarding on the nodes, and each pod one address of each family.
+//!
 //! The pods are networked by ebpf-cni, or, to check the tests themselves, by the reference
 //! `bridge` plugin (see [`PodNetwork`]). Both chain the reference `portmap`. Everything is in
 //! namespaces this run created and goes with them on drop, pass or fail.
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
@@ -26,6 +32,12 @@ pub const LAN_ROUTER: &str = "192.0.2.1";
 pub const LAN_NODE_IPS: [&str; 2] = ["192.0.2.11", "192.0.2.12"];
 /// The machine outside the cluster.
 pub const LAN_HOST: &str = "192.0.2.100";
+/// `ext`'s, the nodes' and the host's IPv6 addresses on the LAN (`LAN_IPV6_PREFIX`), with the
+/// IPv4 ones' last digits.
+pub const LAN_ROUTER_V6: &str = "fd00:192:0:2::1";
+pub const LAN_NODE_IPV6S: [&str; 2] = ["fd00:192:0:2::11", "fd00:192:0:2::12"];
+pub const LAN_HOST_V6: &str = "fd00:192:0:2::100";
+const LAN_IPV6_PREFIX: u8 = 64;
 /// The LAN bridge's port toward each node, in the `lan` namespace (where a sniffer listens).
 pub const LAN_NODE_PORTS: [&str; 2] = ["node1", "node2"];
 
@@ -50,11 +62,20 @@ impl PodNetwork {
     }
 }
 
-/// A pod after ADD: its namespace and address.
+/// The IPv6 side of a dual-stack LAN: the cluster CIDR (after the IPv4 one in `clusterCIDR`)
+/// and each node's pod subnet inside it.
+#[derive(Clone, Copy, Debug)]
+pub struct Ipv6Plan<'a> {
+    pub cluster_cidr: &'a str,
+    pub subnets: [&'a str; 2],
+}
+
+/// A pod after ADD: its namespace and addresses (IPv6 on a dual-stack LAN).
 #[derive(Clone, Debug)]
 pub struct LanPod {
     pub netns: String,
     pub ip: Ipv4Addr,
+    pub ip6: Option<Ipv6Addr>,
 }
 
 /// Fields drop in order: the nodes (pods, node, bpffs), then the LAN's other members, then the
@@ -72,11 +93,32 @@ pub struct Lan {
 impl Lan {
     /// The LAN for test `name`, or `None` when it must be skipped (see [`Testbed::for_test`]).
     pub fn for_test(name: &str, tag: &str, cluster_cidr: &str, subnets: [&str; 2]) -> Option<Self> {
-        crate::require_privileges(name)
-            .then(|| Self::new(tag, PodNetwork::from_env(), cluster_cidr, subnets).expect("building the LAN topology"))
+        crate::require_privileges(name).then(|| {
+            Self::new(tag, PodNetwork::from_env(), cluster_cidr, subnets, None).expect("building the LAN topology")
+        })
     }
 
-    pub fn new(tag: &str, pod_network: PodNetwork, cluster_cidr: &str, subnets: [&str; 2]) -> Result<Self> {
+    /// Like [`Self::for_test`], dual-stack.
+    pub fn for_test_dual_stack(
+        name: &str,
+        tag: &str,
+        cluster_cidr: &str,
+        subnets: [&str; 2],
+        ipv6: Ipv6Plan,
+    ) -> Option<Self> {
+        crate::require_privileges(name).then(|| {
+            Self::new(tag, PodNetwork::from_env(), cluster_cidr, subnets, Some(ipv6))
+                .expect("building the dual-stack LAN topology")
+        })
+    }
+
+    pub fn new(
+        tag: &str,
+        pod_network: PodNetwork,
+        cluster_cidr: &str,
+        subnets: [&str; 2],
+        ipv6: Option<Ipv6Plan>,
+    ) -> Result<Self> {
         let plugin = Plugin::from_env()?;
         let mut nodes = [
             Testbed::with_plugin(&format!("{tag}1"), subnets[0], plugin.clone())?,
@@ -104,9 +146,24 @@ impl Lan {
             run_in(node, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
             run_in(&host.name, "ip", &["route", "add", subnets[i], "via", LAN_NODE_IPS[i]])?;
         }
-        for node in &mut nodes {
-            node.extra.insert("clusterCIDR".into(), json!(cluster_cidr));
+        if let Some(plan) = ipv6 {
+            add_ipv6(&nodes, &ext.name, &host.name, plan)?;
+        }
+        for (node, i) in nodes.iter_mut().zip(0..) {
+            let cidrs = match ipv6 {
+                Some(plan) => format!("{cluster_cidr},{}", plan.cluster_cidr),
+                None => cluster_cidr.to_string(),
+            };
+            node.extra.insert("clusterCIDR".into(), json!(cidrs));
             node.extra.insert("ipMasq".into(), json!(true));
+            if let Some(plan) = ipv6 {
+                let ipam = json!({
+                    "type": "host-local",
+                    "ranges": [[{ "subnet": node.subnet }], [{ "subnet": plan.subnets[i] }]],
+                    "dataDir": node.data_dir(),
+                });
+                node.extra.insert("ipam".into(), ipam);
+            }
             if pod_network == PodNetwork::Bridge {
                 reference_node_setup(node, cluster_cidr)?;
             }
@@ -136,9 +193,15 @@ impl Lan {
         let mut sandbox = tb.sandbox(pod);
         sandbox.capability_args.insert("portMappings".into(), mappings);
         let result = self.runtimes[node].add(&self.lists[node], &sandbox)?;
-        let address = result["ips"][0]["address"].as_str().context("no address in the ADD result")?;
-        let ip = address.split('/').next().unwrap_or_default().parse()?;
-        Ok(LanPod { netns: tb.pods[pod].netns.name.clone(), ip })
+        let mut addresses = Vec::new();
+        for ip in result["ips"].as_array().context("no addresses in the ADD result")? {
+            let address = ip["address"].as_str().context("an IP without an address")?;
+            addresses.push(address.split('/').next().unwrap_or_default().parse::<IpAddr>()?);
+        }
+        let ip = addresses.iter().find_map(|a| if let IpAddr::V4(a) = a { Some(*a) } else { None });
+        let ip6 = addresses.iter().find_map(|a| if let IpAddr::V6(a) = a { Some(*a) } else { None });
+        let ip = ip.context("no IPv4 address in the ADD result")?;
+        Ok(LanPod { netns: tb.pods[pod].netns.name.clone(), ip, ip6 })
     }
 
     /// The MAC address of `node`'s eth0: what its frames on the LAN come from.
@@ -151,19 +214,51 @@ impl Lan {
     }
 }
 
+/// The LAN's IPv6 side (see the module's doc), once the IPv4 one is up.
+fn add_ipv6(nodes: &[Testbed; 2], ext: &str, host: &str, plan: Ipv6Plan) -> Result<()> {
+    address6(ext, LAN_ROUTER_V6)?;
+    address6(host, LAN_HOST_V6)?;
+    for (i, node) in nodes.iter().enumerate() {
+        let (ns, other) = (&node.node.name, 1 - i);
+        address6(ns, LAN_NODE_IPV6S[i])?;
+        // As for IPv4: a node's own packets to a ClusterIP need a route before its OUTPUT DNAT.
+        run_in(ns, "ip", &["-6", "route", "add", "default", "via", LAN_ROUTER_V6])?;
+        run_in(ns, "ip", &["-6", "route", "add", plan.subnets[other], "via", LAN_NODE_IPV6S[other]])?;
+        run_in(ns, "sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
+        run_in(host, "ip", &["-6", "route", "add", plan.subnets[i], "via", LAN_NODE_IPV6S[i]])?;
+    }
+    Ok(())
+}
+
+/// `ip` on `ns`'s eth0, usable at once (no duplicate address detection).
+fn address6(ns: &str, ip: &str) -> Result<()> {
+    let cidr = format!("{ip}/{LAN_IPV6_PREFIX}");
+    run_in(ns, "ip", &["-6", "addr", "add", &cidr, "dev", "eth0", "nodad"]).map(drop)
+}
+
 /// A veth from the LAN bridge (`port`, in `lan`) to `eth0` in `ns`, with `cidr` on `eth0`.
 fn join(lan: &str, port: &str, ns: &str, cidr: &str) -> Result<()> {
     let peer = format!("/run/netns/{ns}");
     run_in(lan, "ip", &["link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &peer])?;
     run_in(lan, "ip", &["link", "set", port, "master", "lan0", "up"])?;
+    // No duplicate address detection on eth0's link-local address either: while it is
+    // tentative, the kernel sends no neighbour solicitation for a packet it forwards (the source
+    // is not its own), so a pod's first IPv6 packet to the other node would wait a second.
+    run_in(ns, "sysctl", &["-qw", "net.ipv6.conf.eth0.accept_dad=0"])?;
     run_in(ns, "ip", &["link", "set", "eth0", "up"])?;
     run_in(ns, "ip", &["addr", "add", cidr, "dev", "eth0"])?;
     Ok(())
 }
 
-/// The node's conflist: ebpf-cni or the reference bridge, then portmap.
+/// The node's conflist: ebpf-cni or the reference bridge, then portmap. The bridge's IPAM is
+/// ebpf-cni's (both range sets on a dual-stack LAN), with a default route per family.
 fn conflist(node: &Testbed, pod_network: PodNetwork) -> Value {
     let portmap = json!({ "type": "portmap", "capabilities": { "portMappings": true } });
+    let mut ipam = node.conf("1.0.0")["ipam"].clone();
+    ipam["routes"] = match ipam.get("ranges").and_then(Value::as_array).map(Vec::len) {
+        Some(2) => json!([{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]),
+        _ => json!([{ "dst": "0.0.0.0/0" }]),
+    };
     match pod_network {
         PodNetwork::EbpfCni => node.conflist("1.0.0", vec![portmap]),
         PodNetwork::Bridge => json!({
@@ -176,12 +271,7 @@ fn conflist(node: &Testbed, pod_network: PodNetwork) -> Value {
                     "isGateway": true,
                     "hairpinMode": true,
                     "mtu": TEST_MTU,
-                    "ipam": {
-                        "type": "host-local",
-                        "subnet": node.subnet,
-                        "dataDir": node.data_dir(),
-                        "routes": [{ "dst": "0.0.0.0/0" }],
-                    },
+                    "ipam": ipam,
                 },
                 portmap,
             ],
@@ -190,11 +280,17 @@ fn conflist(node: &Testbed, pod_network: PodNetwork) -> Value {
 }
 
 /// What a node needs around the reference bridge: bridged pod-to-pod packets through
-/// netfilter (kube-proxy's requirement, so a same-node endpoint's reply is un-DNATed), and
-/// pods masqueraded toward anything outside the cluster (and not the node itself).
+/// netfilter, both families (kube-proxy's requirement, so a same-node endpoint's reply is
+/// un-DNATed), and pods masqueraded toward anything outside the cluster (and not the node
+/// itself; IPv4 only, as ebpf-cni's masquerade is so far).
 fn reference_node_setup(node: &Testbed, cluster_cidr: &str) -> Result<()> {
     let ns = &node.node.name;
     run_in(ns, "sysctl", &["-qw", "net.bridge.bridge-nf-call-iptables=1"])?;
+    run_in(ns, "sysctl", &["-qw", "net.bridge.bridge-nf-call-ip6tables=1"])?;
+    // `cni0` is made at the first ADD, not long before as on a real node: without DAD its
+    // link-local address is usable at once, or the node would send no neighbour solicitation
+    // for a packet it forwards into the bridge for a second (see `join`).
+    run_in(ns, "sysctl", &["-qw", "net.ipv6.conf.default.accept_dad=0"])?;
     let rule = [
         "-t",
         "nat",

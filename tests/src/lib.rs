@@ -6,6 +6,7 @@ pub mod agent;
 mod cluster;
 pub mod crash;
 mod fake_api;
+pub mod flows;
 pub mod frames;
 mod guard;
 pub mod kube_proxy;

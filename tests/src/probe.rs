@@ -5,7 +5,7 @@
 //! [`FLOW_TIMEOUT`].
 use std::{
     io::{Read, Write},
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -34,7 +34,8 @@ pub struct Servers {
 
 impl Servers {
     /// A TCP server on `at` inside `netns`; each connection is served on its own thread.
-    pub fn tcp(&mut self, netns: &str, at: SocketAddrV4) -> Result<()> {
+    pub fn tcp(&mut self, netns: &str, at: impl Into<SocketAddr>) -> Result<()> {
+        let at = at.into();
         let listener: TcpListener = in_netns(netns, move || Ok(TcpListener::bind(at)?))
             .with_context(|| format!("TCP server on {at} in {netns}"))?;
         listener.set_nonblocking(true)?;
@@ -51,7 +52,8 @@ impl Servers {
     }
 
     /// A UDP server on `at` inside `netns`: answers each datagram to its sender.
-    pub fn udp(&mut self, netns: &str, at: SocketAddrV4) -> Result<()> {
+    pub fn udp(&mut self, netns: &str, at: impl Into<SocketAddr>) -> Result<()> {
+        let at = at.into();
         let socket: UdpSocket = in_netns(netns, move || Ok(UdpSocket::bind(at)?))
             .with_context(|| format!("UDP server on {at} in {netns}"))?;
         socket.set_read_timeout(Some(POLL))?;
@@ -87,14 +89,15 @@ fn answer_tcp(mut stream: TcpStream, peer: SocketAddr) {
 }
 
 /// Connects from `netns` to `to` over TCP, asks, and returns the address the server saw.
-pub fn ask_tcp(netns: &str, to: SocketAddrV4) -> Result<SocketAddrV4> {
+pub fn ask_tcp(netns: &str, to: impl Into<SocketAddr>) -> Result<SocketAddr> {
+    let to = to.into();
     let mut stream = in_netns(netns, move || {
-        let stream = TcpStream::connect_timeout(&SocketAddr::V4(to), FLOW_TIMEOUT)
-            .map_err(|e| anyhow::anyhow!("no connection: {e}"))?;
+        let stream =
+            TcpStream::connect_timeout(&to, FLOW_TIMEOUT).map_err(|e| anyhow::anyhow!("no connection: {e}"))?;
         Ok(stream)
     })?;
     let peer = stream.peer_addr()?;
-    if peer != SocketAddr::V4(to) {
+    if peer != to {
         bail!("connected to {peer}, not to {to}");
     }
     stream.set_read_timeout(Some(FLOW_TIMEOUT))?;
@@ -106,9 +109,11 @@ pub fn ask_tcp(netns: &str, to: SocketAddrV4) -> Result<SocketAddrV4> {
 
 /// Sends one datagram from `netns` on a socket connected to `to` and returns the address the
 /// server saw; a reply from any address but `to` never reaches the socket.
-pub fn ask_udp(netns: &str, to: SocketAddrV4) -> Result<SocketAddrV4> {
+pub fn ask_udp(netns: &str, to: impl Into<SocketAddr>) -> Result<SocketAddr> {
+    let to = to.into();
+    let any = if to.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
     let socket = in_netns(netns, move || {
-        let socket = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))?;
+        let socket = UdpSocket::bind(SocketAddr::new(any, 0))?;
         socket.connect(to)?;
         socket.set_read_timeout(Some(FLOW_TIMEOUT))?;
         Ok(socket)
@@ -119,7 +124,7 @@ pub fn ask_udp(netns: &str, to: SocketAddrV4) -> Result<SocketAddrV4> {
     parse_seen(&buf[..n])
 }
 
-fn parse_seen(answer: &[u8]) -> Result<SocketAddrV4> {
+fn parse_seen(answer: &[u8]) -> Result<SocketAddr> {
     let text = String::from_utf8_lossy(answer);
     text.trim().parse().with_context(|| format!("the server answered {text:?}"))
 }

@@ -4,7 +4,7 @@
 use std::{
     fs::File,
     io::{Read, Write},
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     time::Duration,
 };
 
@@ -41,12 +41,15 @@ pub fn udp_socket(netns: &str, addr: SocketAddrV4) -> Result<UdpSocket> {
 
 /// A TCP connection from `netns` to `to`, from source port `from_port` (0: any), with
 /// SO_REUSEADDR so several pods' tests can pick the same port.
-pub fn tcp_connect(netns: &str, from_port: u16, to: SocketAddrV4) -> Result<TcpStream> {
+pub fn tcp_connect(netns: &str, from_port: u16, to: impl Into<SocketAddr>) -> Result<TcpStream> {
+    let to = to.into();
     in_netns(netns, move || {
-        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+        let socket = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
         socket.set_reuse_address(true)?;
-        socket.bind(&SocketAddr::from(([0, 0, 0, 0], from_port)).into())?;
-        socket.connect_timeout(&SocketAddr::V4(to).into(), SOCKET_TIMEOUT)?;
+        let any: std::net::IpAddr =
+            if to.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+        socket.bind(&SocketAddr::new(any, from_port).into())?;
+        socket.connect_timeout(&to.into(), SOCKET_TIMEOUT)?;
         let stream: TcpStream = socket.into();
         stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
         Ok(stream)

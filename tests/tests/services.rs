@@ -67,7 +67,7 @@ impl Flow {
             Protocol::Udp => probe::ask_udp(&self.from, self.to)?,
         };
         match self.saw {
-            Saw::Exactly(expected) if *seen.ip() != expected => {
+            Saw::Exactly(expected) if seen.ip() != expected => {
                 anyhow::bail!("answered, but the server saw {seen} instead of {expected}")
             }
             _ => Ok(()),
