@@ -5,9 +5,16 @@
 //! Only the uplink: replies come back through it, where `from_uplink` puts them straight into
 //! the pod; through another interface they would meet the node's conntrack having never seen
 //! the request, which kube-proxy's `--ctstate INVALID -j DROP` drops.
+//!
+//! A next hop without a neighbour entry yet is no reason to take the stack: a flow's packet
+//! that the stack saw in the middle of a flow it never saw begin (a reply whose request came
+//! in on the fast path) is INVALID to conntrack and dropped before the neighbour is ever
+//! resolved, and it stays unresolved (over IPv6 the other node learns only this node's
+//! link-local address from its solicitation). `bpf_redirect_neigh` queues the packet in the
+//! neighbour layer instead, which resolves the next hop and sends it, netfilter untouched.
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
-    helpers::{bpf_fib_lookup, bpf_redirect},
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
+    helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
 use ebpf_common::{FAST_PATH_MARK, ForwardPath};
@@ -40,11 +47,12 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     params.__bindgen_anon_2.tos = ip.tos;
     params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
     params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
-    if !lookup(ctx, &mut params) {
+    let next_hop = lookup(ctx, &mut params);
+    if next_hop == NextHop::Stack {
         return to_stack(ctx);
     }
     decrement_ttl(ip);
-    redirect(ctx, eth, &params)
+    redirect(ctx, eth, &params, next_hop)
 }
 
 /// The same for IPv6 (hop limit for TTL; no header checksum to fix).
@@ -67,34 +75,56 @@ pub fn forward6(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv6Hdr) -> i32 {
     params.__bindgen_anon_1.tot_len = 0;
     params.__bindgen_anon_3.ipv6_src = words(&ip.src_addr);
     params.__bindgen_anon_4.ipv6_dst = words(&ip.dst_addr);
-    if !lookup(ctx, &mut params) {
+    let next_hop = lookup(ctx, &mut params);
+    if next_hop == NextHop::Stack {
         return to_stack(ctx);
     }
     ip.hop_limit -= 1;
-    redirect(ctx, eth, &params)
+    redirect(ctx, eth, &params, next_hop)
 }
 
-/// Whether the FIB has a next hop with its MAC, through the uplink. Not: no neighbour entry yet
-/// (the kernel resolves it; this flow then takes the stack both ways, `to_uplink` records it),
-/// or another interface than the uplink.
+/// What the FIB answered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NextHop {
+    /// Through the uplink, its MAC known (`params.dmac`).
+    Known,
+    /// Through the uplink, its MAC not resolved yet.
+    Unresolved,
+    /// Anything else: the kernel's.
+    Stack,
+}
+
 #[inline(always)]
-fn lookup(ctx: &TcContext, params: &mut FibParams) -> bool {
+fn lookup(ctx: &TcContext, params: &mut FibParams) -> NextHop {
     let size = core::mem::size_of::<FibParams>() as i32;
     // SAFETY: `params` is a valid, writable lookup structure of `size` bytes.
     let found = unsafe { bpf_fib_lookup(ctx.skb.skb.cast(), params, size, 0) } as u32;
-    found == BPF_FIB_LKUP_RET_SUCCESS && params.ifindex == config::get().uplink_ifindex
+    if params.ifindex != config::get().uplink_ifindex {
+        return NextHop::Stack;
+    }
+    match found {
+        BPF_FIB_LKUP_RET_SUCCESS => NextHop::Known,
+        BPF_FIB_LKUP_RET_NO_NEIGH => NextHop::Unresolved,
+        _ => NextHop::Stack,
+    }
 }
 
 /// Out of the uplink to the next hop, marked: `to_uplink` must not take it for a packet of the
-/// stack's (see `steer.rs`).
+/// stack's (see `steer.rs`). An unresolved next hop is left to the neighbour layer, which does
+/// its own route lookup (no parameters: this happens once per neighbour, not per packet).
 #[inline(always)]
-fn redirect(ctx: &TcContext, eth: &mut EthHdr, params: &FibParams) -> i32 {
-    eth.dst_addr = params.dmac;
-    eth.src_addr = params.smac;
+fn redirect(ctx: &TcContext, eth: &mut EthHdr, params: &FibParams, next_hop: NextHop) -> i32 {
     ctx.set_mark(FAST_PATH_MARK);
-    // SAFETY: plain helper call.
-    let verdict = unsafe { bpf_redirect(params.ifindex, 0) } as i32;
-    maps::forwarded(ctx, ForwardPath::ToOtherNode, verdict)
+    let verdict = if next_hop == NextHop::Known {
+        eth.dst_addr = params.dmac;
+        eth.src_addr = params.smac;
+        // SAFETY: plain helper call.
+        unsafe { bpf_redirect(params.ifindex, 0) }
+    } else {
+        // SAFETY: plain helper call; no parameters (null, length 0) is documented.
+        unsafe { bpf_redirect_neigh(params.ifindex, core::ptr::null_mut(), 0, 0) }
+    };
+    maps::forwarded(ctx, ForwardPath::ToOtherNode, verdict as i32)
 }
 
 #[inline(always)]

@@ -8,7 +8,7 @@
 //! The ICMPv6 checksum covers the pseudo-header (so the outer destination) and the whole
 //! message (so the quote): every change is added to it, as the quoted checksum's own change is.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, DropReason, ForwardPath};
+use ebpf_common::{DatapathConfig, DropReason, FlowKey, ForwardPath};
 
 use crate::{
     checksum::{Delta, store, update_checksum},
@@ -41,6 +41,25 @@ pub fn translate(ctx: &TcContext, config: &DatapathConfig) -> i32 {
 pub fn is_error(ctx: &TcContext) -> bool {
     ctx.load::<u8>(IP_OFFSET + 6).is_ok_and(|next| next == PROTO_ICMPV6)
         && ctx.load::<u8>(L4_OFFSET).is_ok_and(|t| ERRORS.contains(&t))
+}
+
+/// For an ICMPv6 error: the key of the flow it quotes, in the direction the error travels (the
+/// quoted packet's reply), to look up in `FLOWS`; `None` for anything else.
+#[inline(always)]
+pub fn quoted_reply_key(ctx: &TcContext) -> Option<FlowKey> {
+    if !is_error(ctx) {
+        return None;
+    }
+    let protocol = ctx.load::<u8>(INNER_AT + 6).ok()?;
+    let head = ctx.load::<[u8; 8]>(INNER_L4).ok()?;
+    let (src_port, dst_port) = match protocol {
+        PROTO_TCP | PROTO_UDP => (u16::from_be_bytes([head[0], head[1]]), u16::from_be_bytes([head[2], head[3]])),
+        PROTO_ICMPV6 if head[0] == ECHO_REQUEST => (u16::from_be_bytes([head[4], head[5]]), 0),
+        _ => return None,
+    };
+    let mut key = flow6::key(protocol, [0; 16], dst_port, [0; 16], src_port);
+    [key.dst_addr, key.src_addr] = ctx.load::<[[u8; 16]; 2]>(INNER_AT + 8).ok()?;
+    Some(key)
 }
 
 #[inline(always)]

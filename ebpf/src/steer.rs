@@ -13,7 +13,7 @@ use ebpf_common::{FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_UDP_NS, FLOW_VIA_STACK, Flo
 use crate::{
     flow::{Flow, PROTO_ICMP, PROTO_TCP},
     flow6::{Flow6, PROTO_ICMPV6},
-    icmp_error, maps,
+    icmp_error, icmp_error6, maps,
 };
 
 /// Written at most this often: a write moves the entry's cache line to this CPU.
@@ -101,8 +101,9 @@ pub fn via_stack(ctx: &TcContext, flagged: bool) -> bool {
     }
 }
 
-/// [`via_stack`] for IPv6. A packet without ports to tell its flow by (an extension header, an
-/// ICMPv6 error) takes the stack whenever a pod involved is flagged.
+/// [`via_stack`] for IPv6: an ICMPv6 error goes the way of the flow it quotes; another packet
+/// without ports to tell its flow by (an extension header) takes the stack whenever a pod
+/// involved is flagged.
 #[inline(always)]
 pub fn via_stack6(ctx: &TcContext, flagged: bool) -> bool {
     if !flagged {
@@ -115,6 +116,6 @@ pub fn via_stack6(ctx: &TcContext, flagged: bool) -> bool {
             false
         }
         Ok(flow) => has(&flow.key, FLOW_VIA_STACK),
-        Err(_) => true,
+        Err(_) => icmp_error6::quoted_reply_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK)),
     }
 }

@@ -43,7 +43,11 @@ pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: a hash map value, valid while this program runs.
     let (owner, known_peer) = unsafe { ((*pod).owner, (*pod).stack_peers != 0) };
     if config.in_cluster(dst) {
+        // Both ways: the replies (`from_uplink` looks them up), and the pod's own later packets,
+        // which `from_pod` might send by the FIB (a packet the FIB left to the kernel came this
+        // way: its hop limit, its size): conntrack must see them all.
         steer::record(&flow.reply_key(), owner, FLOW_VIA_STACK);
+        steer::record(&flow.key(), owner, FLOW_VIA_STACK);
         if !known_peer {
             // SAFETY: as above; one byte, written once.
             unsafe { (*pod).stack_peers = 1 };

@@ -46,7 +46,9 @@ pub fn egress(ctx: &TcContext) -> i32 {
     // take the stack too (`steer.rs`).
     if config.in_cluster6(dst) {
         if let Ok(flow) = Flow6::parse(ctx) {
+            // Both ways, as `to_uplink` records them.
             steer::record(&flow.reply_key(), owner, FLOW_VIA_STACK);
+            steer::record(&flow.key, owner, FLOW_VIA_STACK);
             // SAFETY: as above; one byte, written once.
             unsafe {
                 if (*pod).stack_peers == 0 {
