@@ -1,8 +1,9 @@
 //! cargo's stderr without the lines aya-build replays. cni-plugin's build script builds the eBPF
 //! programs with a nested cargo and re-emits every line of it as a build-script warning
 //! (`warning: cni-plugin@0.1.0: Compiling …`), 50–60 of them per build, which drown what a
-//! developer or CI log is there to show. They are held back while the command succeeds and
-//! printed in full when it fails: a broken eBPF build still shows everything.
+//! developer or CI log is there to show. They are held back and printed in full only when the
+//! build script itself failed: a broken eBPF build still shows everything, a failing test does
+//! not bury its report under a build that went fine.
 use std::{
     io::{BufRead as _, BufReader, IsTerminal as _, Write as _},
     process::{Command, Stdio},
@@ -23,17 +24,19 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     let mut pipe = BufReader::new(child.stderr.take().context("cargo's stderr")?);
     let mut held = Vec::new();
     let mut line = Vec::new();
+    let mut build_script_failed = false;
     while pipe.read_until(b'\n', &mut line).context("reading cargo's stderr")? > 0 {
         if is_replayed(&line) {
             held.extend_from_slice(&line);
         } else {
+            build_script_failed |= is_build_script_failure(&line);
             let _ = std::io::stderr().write_all(&line);
         }
         line.clear();
     }
     let status = child.wait().context("waiting for cargo")?;
     if !status.success() {
-        if !held.is_empty() {
+        if build_script_failed && !held.is_empty() {
             eprintln!("-- the eBPF build's output (hidden while it succeeds):");
             let _ = std::io::stderr().write_all(&held);
         }
@@ -46,6 +49,11 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 fn is_replayed(line: &[u8]) -> bool {
     let text = without_escapes(&String::from_utf8_lossy(line));
     text.starts_with("warning: cni-plugin@") || text.starts_with("warning: `cni-plugin` (build script) generated")
+}
+
+/// cargo's line saying cni-plugin's build script (the eBPF build) failed.
+fn is_build_script_failure(line: &[u8]) -> bool {
+    without_escapes(&String::from_utf8_lossy(line)).contains("failed to run custom build command for `cni-plugin")
 }
 
 /// The text without ANSI colour sequences (`ESC [ … letter`).
@@ -64,7 +72,7 @@ fn without_escapes(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::is_replayed;
+    use super::{is_build_script_failure, is_replayed};
 
     #[test]
     fn replayed_lines_are_recognised_coloured_or_not() {
@@ -74,5 +82,7 @@ mod tests {
         assert!(!is_replayed(b"   Compiling cni-plugin v0.1.0\n"));
         assert!(!is_replayed(b"warning: unused variable: `x`\n"));
         assert!(!is_replayed(b"error: failed to run custom build command for `cni-plugin v0.1.0`\n"));
+        assert!(is_build_script_failure(b"error: failed to run custom build command for `cni-plugin v0.1.0 (/w)`\n"));
+        assert!(!is_build_script_failure(b"error: 1 target failed:\n"));
     }
 }
