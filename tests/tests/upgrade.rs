@@ -1,14 +1,35 @@
 //! An upgrade while pods run (design.md, "Upgrades"): a node whose pods the previous release
 //! (`EBPF_CNI_BASE_BIN`, built by `cargo xtask test` from git history) added gets this build.
-//! Its pods keep their traffic, a flow open across the upgrade included; new pods join them on
-//! the datapath already loaded; once the old pods are gone, the next ADD loads this build's
-//! layout, and nothing is left behind.
+//! Its pods keep their traffic while it happens (a ping every 50 ms to the outside loses
+//! nothing, a long TCP connection and a masqueraded UDP flow keep going); this build's ADD,
+//! CHECK, GC and DEL handle the old pods and new ones beside them on the datapath already
+//! loaded; once the old layout's pods are gone, GC removes its pins, the next ADD loads this
+//! build's layout, and nothing is left behind.
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddrV4, TcpStream},
     path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
 };
 
-use ebpf_cni_tests::{Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, require_privileges, traffic};
+use anyhow::{Context as _, Result, ensure};
+use ebpf_cni_tests::{
+    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, require_privileges,
+    runtime::{Runtime, Sandbox},
+    traffic,
+};
+use serde_json::Value;
+
+/// The pings of the upgrade window: one every 50 ms for 3 s, longer than the upgrade's steps.
+const PINGS: u32 = 60;
+/// The long TCP connection exchanges a message this often.
+const TCP_EVERY: Duration = Duration::from_millis(20);
 
 /// The previous release's binary, or `None` (then the test is skipped, except under CI).
 fn base_plugin(test: &str) -> Option<Plugin> {
@@ -24,6 +45,76 @@ fn base_plugin(test: &str) -> Option<Plugin> {
     }
 }
 
+/// A ping every 50 ms from `netns` to `to`, `PINGS` of them, run in the background.
+fn start_pings(netns: &str, to: &str) -> Result<Child> {
+    let count = PINGS.to_string();
+    Command::new("ip")
+        .args(["netns", "exec", netns, "ping", "-q", "-n", "-i", "0.05", "-W", "1", "-c", &count, to])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting ping")
+}
+
+/// Waits for the pings and returns (sent, answered) from ping's summary.
+fn finish_pings(ping: Child) -> Result<(u32, u32)> {
+    let out = ping.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("packets transmitted")).context("no ping summary")?;
+    let numbers: Vec<u32> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    ensure!(numbers.len() >= 2, "unreadable ping summary: {line}");
+    Ok((numbers[0], numbers[1]))
+}
+
+/// Segments the connection's sender had to send again: any is a segment lost on the way.
+fn retransmitted(stream: &TcpStream) -> Result<u32> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: an all-zero `tcp_info` is valid; the kernel fills at most `len` bytes of it.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid socket and a buffer of `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(stream.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &mut len)
+    };
+    ensure!(rc == 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+    Ok(info.tcpi_total_retrans)
+}
+
+/// An echo server in the external namespace and one connection to it from `netns`, exchanging
+/// a message every [`TCP_EVERY`] until `stop`; the thread returns how many exchanges completed
+/// and how many segments the client retransmitted.
+fn start_tcp_conversation(netns: &str, ext: &str, stop: Arc<AtomicBool>) -> Result<JoinHandle<Result<(u32, u32)>>> {
+    let at = SocketAddrV4::new(EXT_SERVER.parse()?, 7007);
+    let listener = traffic::tcp_listener(ext, at)?;
+    std::thread::spawn(move || -> Result<()> {
+        let (mut stream, _) = listener.accept()?;
+        let mut buf = [0u8; 16];
+        loop {
+            let n = stream.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            stream.write_all(&buf[..n])?;
+        }
+    });
+    let mut stream: TcpStream = traffic::tcp_connect(netns, 0, at)?;
+    Ok(std::thread::spawn(move || {
+        let mut exchanges = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            stream.write_all(b"still there?")?;
+            let mut buf = [0u8; 12];
+            stream.read_exact(&mut buf).context("the long TCP connection stopped answering")?;
+            exchanges += 1;
+            std::thread::sleep(TCP_EVERY);
+        }
+        Ok((exchanges, retransmitted(&stream)?))
+    }))
+}
+
+fn address(result: &Value) -> String {
+    let cidr = result["ips"][0]["address"].as_str().unwrap_or_default();
+    cidr.split('/').next().unwrap_or_default().to_string()
+}
+
 #[test]
 fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     let test = "pods_of_the_previous_release_keep_working_across_an_upgrade";
@@ -33,15 +124,22 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     let Some(base) = base_plugin(test) else { return };
     let new = Plugin::from_env().unwrap();
     let mut c = Cluster::with_plugin("upg", "10.251.0.0/16", ["10.251.1.0/24", "10.251.2.0/24"], base).unwrap();
+    let ext = c.ext.name.clone();
     let tb = &mut c.nodes[0];
-    let (old_a, old_b, fresh) = (tb.new_pod().unwrap(), tb.new_pod().unwrap(), tb.new_pod().unwrap());
-    let ip_a = tb.add(old_a).unwrap();
-    let ip_b = tb.add(old_b).unwrap();
+    let (old_a, old_b, old_c, fresh) =
+        (tb.new_pod().unwrap(), tb.new_pod().unwrap(), tb.new_pod().unwrap(), tb.new_pod().unwrap());
+    let mut rt = Runtime::for_testbed(tb);
+    let list = rt.load(&tb.conflist("1.1.0", vec![])).unwrap();
+    let sandboxes: Vec<Sandbox> = (0..4).map(|pod| tb.sandbox(pod)).collect();
+    let ip_a = address(&rt.add(&list, &sandboxes[old_a]).unwrap());
+    let ip_b = address(&rt.add(&list, &sandboxes[old_b]).unwrap());
+    rt.add(&list, &sandboxes[old_c]).unwrap();
     assert!(tb.pin_dir().join("v2/progs/from_pod").exists(), "the previous release pins layout v2");
+    let ns = |pod: usize| tb.pods[pod].netns.name.clone();
 
-    // A masqueraded flow opened before the upgrade.
-    let server = traffic::udp_socket(&c.ext.name, SocketAddrV4::new(EXT_SERVER.parse().unwrap(), 5353)).unwrap();
-    let client = traffic::udp_socket(&tb.pods[old_a].netns.name, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    // Traffic running across the upgrade: a masqueraded UDP flow, a long TCP connection, pings.
+    let server = traffic::udp_socket(&ext, SocketAddrV4::new(EXT_SERVER.parse().unwrap(), 5353)).unwrap();
+    let client = traffic::udp_socket(&ns(old_a), SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).unwrap();
     client.connect(SocketAddrV4::new(EXT_SERVER.parse().unwrap(), 5353)).unwrap();
     let exchange = || {
         client.send(b"ping").unwrap();
@@ -54,35 +152,65 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     };
     let before = exchange();
     assert_eq!(before.ip().to_string(), NODE1_UPLINK_IP);
+    let stop = Arc::new(AtomicBool::new(false));
+    let conversation = start_tcp_conversation(&ns(old_a), &ext, stop.clone()).unwrap();
+    let pings = start_pings(&ns(old_b), EXT_SERVER).unwrap();
+    let window = Instant::now();
 
-    // The upgrade: this build's binary from now on.
-    tb.plugin = new;
-    let ip_fresh = tb.add(fresh).unwrap();
+    // The upgrade: this build's binary from now on, for every verb.
+    tb.plugin = new.clone();
+    rt.search_first(new.dir());
+    let ip_fresh = address(&rt.add(&list, &sandboxes[fresh]).unwrap());
     assert!(!tb.pin_dir().join("v3").exists(), "a second datapath loaded beside the running one");
+    for pod in [old_a, old_b, old_c, fresh] {
+        rt.check(&list, &sandboxes[pod]).unwrap_or_else(|e| panic!("CHECK of pod {pod} after the upgrade: {e:#}"));
+    }
+    let all: Vec<&Sandbox> = sandboxes.iter().collect();
+    let gc = rt.gc(&list, &all).unwrap();
+    assert!(gc.iter().all(|out| out.success), "GC with every pod valid: {gc:?}");
+    assert_eq!(tb.host_veths().unwrap().len(), 4, "GC removed a valid pod");
+    rt.del(&list, &sandboxes[old_c]).unwrap();
     assert_eq!(exchange(), before, "the open flow changed its masquerade port");
-    let ns = |pod: usize| tb.pods[pod].netns.name.clone();
     for (from, to, what) in [
         (ns(fresh), ip_a.as_str(), "new pod → old pod"),
         (ns(old_b), ip_fresh.as_str(), "old pod → new pod"),
         (ns(old_a), ip_b.as_str(), "old pod → old pod"),
         (ns(fresh), EXT_SERVER, "new pod → outside"),
-        (ns(old_b), EXT_SERVER, "old pod → outside"),
     ] {
         assert!(tb.ping(&from, to), "{what}");
     }
-    let settings = std::process::Command::new(&tb.plugin.binary)
+    let settings = Command::new(&tb.plugin.binary)
         .args(["inspect", "settings", "-o", "json", "--bpffs-root"])
         .arg(tb.bpffs_root())
         .args(["--netns", &format!("/run/netns/{}", tb.node.name)])
         .output()
         .unwrap();
     assert!(settings.status.success(), "inspect reads the previous layout's pins: {settings:?}");
+    let upgrade_took = window.elapsed();
 
-    // The old pods go (the node drains them); the network's next ADD loads this build's layout.
-    for pod in [old_a, old_b, fresh] {
-        tb.del(pod).unwrap();
-    }
-    assert!(!tb.pin_dir().join("v2").exists(), "the previous layout's pins outlived its last pod");
+    let (sent, answered) = finish_pings(pings).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (exchanges, retransmits) = conversation.join().unwrap().unwrap();
+    eprintln!(
+        "upgrade steps {upgrade_took:.1?}; pings {answered}/{sent}; TCP {exchanges} exchanges, {retransmits} retransmitted"
+    );
+    assert!(upgrade_took < Duration::from_millis(50 * u64::from(PINGS)), "the pings ended before the upgrade did");
+    assert_eq!((sent, answered), (PINGS, PINGS), "pings lost while the plugin was upgraded");
+    assert!(exchanges > 0, "the long TCP connection exchanged nothing");
+    assert_eq!(retransmits, 0, "the long TCP connection lost segments while the plugin was upgraded");
+
+    // The old pods go: one by DEL, one vanishes without it (its sandbox gone); the new pod's DEL.
+    rt.del(&list, &sandboxes[old_a]).unwrap();
+    rt.del(&list, &sandboxes[fresh]).unwrap();
+    ebpf_cni_tests::run("ip", &["netns", "del", &ns(old_b)]).unwrap();
+    assert!(tb.pin_dir().join("v2").exists(), "the vanished pod still holds the previous layout");
+    // GC with nothing valid: the last attachment of the old layout and then its pins go.
+    let gc = rt.gc(&list, &[]).unwrap();
+    assert!(gc.iter().all(|out| out.success), "GC with no pod valid: {gc:?}");
+    assert!(!tb.pin_dir().join("v2").exists(), "GC left the pins of a layout no pod uses");
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+
+    // The network's next ADD loads this build's layout.
     let next = tb.new_pod().unwrap();
     tb.add(next).unwrap();
     assert!(tb.version_dir().join("progs/from_pod").exists(), "this build's layout was not loaded");
