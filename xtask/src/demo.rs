@@ -1,7 +1,8 @@
-//! The demo: a throwaway two-node cluster with an external server, pods added exactly as a
-//! runtime adds them (CNI_* environment, configuration on stdin, in the node's namespace).
+//! The demo: a throwaway dual-stack two-node cluster with an external server, pods added
+//! exactly as a runtime adds them (CNI_* environment, configuration on stdin, in the node's
+//! namespace), each with an IPv4 and an IPv6 address.
 use std::{
-    net::SocketAddrV4,
+    net::{SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener},
     path::PathBuf,
     process::{Command, Stdio},
     thread::sleep,
@@ -10,7 +11,7 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use ebpf_cni_tests::{
-    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, Testbed, run_in,
+    Cluster, EXT_SERVER, EXT_SERVER_V6, NODE1_UPLINK_IP, NODE1_UPLINK_IPV6, Plugin, Testbed, run_in,
     traffic::{self, ask_tcp, serve_tcp},
 };
 use serde_json::Value;
@@ -29,16 +30,20 @@ pub fn require_root() -> Result<()> {
 pub fn run(binary: PathBuf, hold: bool) -> Result<()> {
     let plugin = Plugin { binary: binary.clone() };
     let mut c = Cluster::with_plugin("demo", "10.244.0.0/16", ["10.244.1.0/24", "10.244.2.0/24"], plugin)?;
+    c.add_ipv6("fd00:10:244::/56", ["fd00:10:244:1::/64", "fd00:10:244:2::/64"])?;
     // Node 1's programs log new masqueraded flows (read below with `inspect logs`).
     c.nodes[0].extra.insert("ebpfLogLevel".into(), serde_json::json!("info"));
-    println!("== node 1 {} (uplink {NODE1_UPLINK_IP} to {}, server {EXT_SERVER})", c.nodes[0].node.name, c.ext.name);
+    println!(
+        "== node 1 {} (uplink {NODE1_UPLINK_IP} and {NODE1_UPLINK_IPV6} to {}, server {EXT_SERVER} and {EXT_SERVER_V6})",
+        c.nodes[0].node.name, c.ext.name
+    );
     println!("== node 2 {} (underlay to node 1, route to each other's pod subnet)", c.nodes[1].node.name);
     println!(
         "== node 1's configuration (stdin of every call)\n{}",
         serde_json::to_string_pretty(&c.nodes[0].conf("1.1.0"))?
     );
 
-    let mut ips: Vec<(usize, String, String)> = Vec::new(); // (node, pod netns, address)
+    let mut ips: Vec<(usize, String, [String; 2])> = Vec::new(); // (node, pod netns, [IPv4, IPv6])
     let mut results: Vec<Vec<Value>> = vec![Vec::new(), Vec::new()]; // ADD results per node
     let mut add_ms = Vec::new();
     for (n, node) in c.nodes.iter_mut().enumerate() {
@@ -47,45 +52,55 @@ pub fn run(binary: PathBuf, hold: bool) -> Result<()> {
             let out = node.cni("ADD", pod, &node.conf("1.1.0"))?;
             ensure!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
             add_ms.push(out.elapsed.as_secs_f64() * 1e3);
-            let address = out.json()["ips"][0]["address"].as_str().context("no address")?.to_string();
+            let address = |i: usize| -> Result<String> {
+                let cidr = out.json()["ips"][i]["address"].as_str().context("an address of each family")?.to_string();
+                Ok(cidr.split('/').next().unwrap_or_default().into())
+            };
+            let addresses = [address(0)?, address(1)?];
             results[n].push(out.json());
-            println!("\n== ADD on node {} in {:.1} ms: {address}", n + 1, add_ms[add_ms.len() - 1]);
+            println!("\n== ADD on node {} in {:.1} ms: {}", n + 1, add_ms[add_ms.len() - 1], addresses.join(", "));
             if ips.is_empty() {
                 println!("{}", serde_json::to_string_pretty(&out.json())?);
             }
-            ips.push((n, node.pods[pod].netns.name.clone(), address.split('/').next().unwrap_or_default().into()));
+            ips.push((n, node.pods[pod].netns.name.clone(), addresses));
         }
     }
 
-    println!("\n== ping between every pair of pods, and from each node to every pod");
-    for (from_node, from_ns, from_ip) in &ips {
-        for (to_node, _, to_ip) in ips.iter().filter(|(_, _, ip)| ip != from_ip) {
-            let ok = c.nodes[0].ping(from_ns, to_ip);
-            println!(
-                "pod {from_ip:12} (node {}) -> pod {to_ip:12} (node {}) {}",
-                from_node + 1,
-                to_node + 1,
-                verdict(ok)
-            );
-            ensure!(ok, "{from_ip} cannot reach {to_ip}");
+    println!("\n== ping between every pair of pods, and from each node to every pod, over IPv4 and IPv6");
+    for family in 0..2 {
+        for (from_node, from_ns, from) in &ips {
+            for (to_node, _, to) in ips.iter().filter(|(_, ns, _)| ns != from_ns) {
+                let (from_ip, to_ip) = (&from[family], &to[family]);
+                let ok = c.nodes[0].ping(from_ns, to_ip);
+                println!(
+                    "pod {from_ip:18} (node {}) -> pod {to_ip:18} (node {}) {}",
+                    from_node + 1,
+                    to_node + 1,
+                    verdict(ok)
+                );
+                ensure!(ok, "{from_ip} cannot reach {to_ip}");
+            }
         }
     }
     for (n, node) in c.nodes.iter().enumerate() {
-        for (_, _, ip) in &ips {
+        for ip in ips.iter().flat_map(|(_, _, addresses)| addresses) {
             ensure!(node.ping(&node.node.name, ip), "node {} cannot reach {ip}", n + 1);
         }
-        println!("node {} -> every pod ok", n + 1);
+        println!("node {} -> every pod, both families ok", n + 1);
     }
 
-    println!("\n== masquerade: pod {} -> {EXT_SERVER} (ext has no route to any pod)", ips[0].2);
-    let at = SocketAddrV4::new(EXT_SERVER.parse()?, 8080);
-    let served = serve_tcp(traffic::tcp_listener(&c.ext.name, at)?, 1);
-    let seen = ask_tcp(&mut traffic::tcp_connect(&ips[0].1, 0, at)?)?;
-    served.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    let pod_ns = ips[0].1.clone();
+    println!("\n== masquerade: pod {} -> {EXT_SERVER} (ext has no route to any pod)", ips[0].2[0]);
+    let seen = seen_by_server(&c.ext.name, &pod_ns, SocketAddrV4::new(EXT_SERVER.parse()?, 8080).into())?;
     println!("TCP: the server saw the pod as {seen}");
-    ensure!(c.nodes[0].ping(&ips[0].1, EXT_SERVER), "ping through masquerade failed");
+    ensure!(c.nodes[0].ping(&pod_ns, EXT_SERVER), "ping through masquerade failed");
     println!("ping: ok");
-    iperf3(&c.ext.name, &ips[0].1, EXT_SERVER)?;
+    println!("\n== IPv6 masquerade: pod {} -> {EXT_SERVER_V6}", ips[0].2[1]);
+    let seen = seen_by_server(&c.ext.name, &pod_ns, SocketAddrV6::new(EXT_SERVER_V6.parse()?, 8080, 0, 0).into())?;
+    println!("TCP: the server saw the pod as {seen}");
+    ensure!(c.nodes[0].ping(&pod_ns, EXT_SERVER_V6), "ping through IPv6 masquerade failed");
+    println!("ping: ok");
+    iperf3(&c.ext.name, &pod_ns, EXT_SERVER)?;
 
     let node1 = &c.nodes[0];
     let inspect_args = inspect_args(node1);
@@ -212,6 +227,15 @@ fn hold_for_user(binary: &std::path::Path, node: &Testbed, inspect_args: &[Strin
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
     Ok(())
+}
+
+/// One TCP connection from `pod_ns` to a server at `at` in `ext_ns`: the address it saw.
+fn seen_by_server(ext_ns: &str, pod_ns: &str, at: SocketAddr) -> Result<String> {
+    let listener = traffic::in_netns(ext_ns, move || Ok(TcpListener::bind(at)?))?;
+    let served = serve_tcp(listener, 1);
+    let seen = ask_tcp(&mut traffic::tcp_connect(pod_ns, 0, at)?)?;
+    served.join().map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    Ok(seen)
 }
 
 fn verdict(ok: bool) -> &'static str {

@@ -112,6 +112,9 @@ pub struct SettingsRow {
     cluster_cidr: String,
     masquerade: bool,
     node_ip: Ipv4Addr,
+    /// The node's IPv6 address IPv6 is masqueraded to; absent when IPv6 is not masqueraded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_ipv6: Option<Ipv6Addr>,
     uplink_ifindex: u32,
     uplink: String,
     masq_ports: String,
@@ -121,7 +124,11 @@ impl Row for SettingsRow {
     const HEADERS: &'static [&'static str] = &["CLUSTER CIDR", "MASQUERADE", "NODE IP", "UPLINK", "PORTS"];
     fn cells(&self) -> Vec<String> {
         let (node_ip, uplink, ports) = if self.masquerade {
-            (self.node_ip.to_string(), format!("{} ({})", self.uplink, self.uplink_ifindex), self.masq_ports.clone())
+            let node_ips = match self.node_ipv6 {
+                Some(v6) => format!("{},{v6}", self.node_ip),
+                None => self.node_ip.to_string(),
+            };
+            (node_ips, format!("{} ({})", self.uplink, self.uplink_ifindex), self.masq_ports.clone())
         } else {
             ("-".into(), "-".into(), "-".into())
         };
@@ -135,6 +142,7 @@ pub fn settings(pins: &Pins, names: &Interfaces) -> Result<Vec<SettingsRow>> {
         cluster_cidr: cluster_cidrs(&c),
         masquerade: c.masquerade != 0,
         node_ip: Ipv4Addr::from(c.node_ipv4),
+        node_ipv6: c.masquerades6().then(|| Ipv6Addr::from(c.node_ipv6)),
         uplink_ifindex: c.uplink_ifindex,
         uplink: if c.masquerade != 0 { names.name(c.uplink_ifindex) } else { String::new() },
         masq_ports: format!("{}-{}", c.port_min, c.port_max),
