@@ -30,11 +30,27 @@ pub fn init() {
 pub fn configure(level: LevelFilter, file: Option<&Path>) {
     log::set_max_level(level);
     let Some(path) = file else { return };
-    // 0600: lines name containers and addresses; only root reads them.
-    match OpenOptions::new().create(true).append(true).mode(0o600).open(path) {
+    match open_log_file(path) {
         Ok(f) => *LOGGER.file.lock().unwrap_or_else(|e| e.into_inner()) = Some(f),
-        Err(e) => eprintln!("ebpf-cni: cannot open logFile {}: {e}; logging to stderr", path.display()),
+        Err(e) => eprintln!("ebpf-cni: cannot use logFile {}: {e}; logging to stderr", path.display()),
     }
+}
+
+/// The log file, only if it is a regular file: a symlink is not followed (it could point the
+/// plugin's root writes anywhere), and a FIFO or device is never waited on (a FIFO without a
+/// reader would hang every verb).
+fn open_log_file(path: &Path) -> std::io::Result<File> {
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        // 0600: lines name containers and addresses; only root reads them.
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    Ok(file)
 }
 
 /// `logLevel` values, as written in the configuration.

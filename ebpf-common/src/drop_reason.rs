@@ -30,11 +30,15 @@ pub enum DropReason {
     /// An IPv6 neighbour advertisement for an address that is not the pod's, or with a MAC that
     /// is not the pod's: IPv6's `SpoofedArp`.
     SpoofedNeighbor = 10,
+    /// From a pod to 127.0.0.0/8: the node's loopback services are not the pods'. Linux drops
+    /// such packets by itself unless `route_localnet=1`, which kube-proxy sets for NodePorts on
+    /// localhost; then a pod's crafted packet would reach whatever the node binds to 127.0.0.1.
+    Loopback = 11,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 11] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -45,6 +49,7 @@ impl DropReason {
         Self::NotAPod,
         Self::NatPodLimit,
         Self::SpoofedNeighbor,
+        Self::Loopback,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -62,6 +67,7 @@ impl DropReason {
             Self::NotAPod => "not-a-pod",
             Self::NatPodLimit => "nat-pod-limit",
             Self::SpoofedNeighbor => "spoofed-neighbor",
+            Self::Loopback => "loopback",
         }
     }
 

@@ -4,7 +4,9 @@
 //!    dropped (`Malformed`); ethertypes other than IPv4, IPv6 and ARP (VLAN tags, LLDP…) too
 //!    (`UnsupportedProtocol`).
 //! 1. ARP goes to the responder (`arp.rs`), IPv6 to `ipv6.rs`.
-//! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing).
+//! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing), and so is
+//!    IPv4 to 127.0.0.0/8 (`Loopback`): with kube-proxy's `route_localnet=1` the stack would
+//!    deliver it to the node's loopback services.
 //! 3. IPv4 to another pod on this node is delivered straight into that pod with
 //!    `bpf_redirect_peer` (no second pass through the host stack),
 //! 4. and IPv4 to a pod on another node goes straight out of the uplink (`fib.rs`),
@@ -55,12 +57,19 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     if version != 4 || usize::from(header_len) < Ipv4Hdr::LEN {
         return maps::drop(ctx, DropReason::Malformed);
     }
+    // Here, not on the to-stack branch below, where the extra branch made LLVM emit code the
+    // verifier rejects (a register read before it is written on one path).
+    if dst[0] == 127 {
+        return maps::drop(ctx, DropReason::Loopback);
+    }
     let own = match maps::endpoint(&IpKey::v4(src)) {
         Some(own) if own.host_ifindex == packet::ingress_ifindex(ctx) => own,
         _ => return maps::drop(ctx, DropReason::SpoofedSource),
     };
     let config = config::get();
-    let peer = maps::endpoint(&IpKey::v4(dst));
+    // A pointer, not a copy: on a miss a copy's fields are undefined, and LLVM may spill them
+    // on paths that never use them, which the verifier rejects (an uninitialised register).
+    let peer = maps::ENDPOINTS.get_ptr(&IpKey::v4(dst));
     // Not a pod here, not a pod elsewhere (an unassigned address of this node's subnet is left
     // to the stack, and `to_uplink` keeps it in the node): the stack's.
     if peer.is_none() && (config.in_node_pods(dst) || !config.in_cluster(dst)) {
@@ -68,12 +77,13 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     }
     // `own.stack_replies`: its replies to flows the stack delivered; `peer.stack_replies` and
     // `own.stack_peers`: a SYN that must forget the other direction's old entry (`steer.rs`).
-    let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| p.stack_replies) != 0;
+    // SAFETY (here and below): a hash map value, valid while this program runs.
+    let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| unsafe { (*p).stack_replies }) != 0;
     if steer::via_stack(ctx, flagged) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }
     match peer {
-        Some(peer) => deliver::into_pod(ctx, &peer, ForwardPath::PodToPod),
+        Some(peer) => deliver::into_pod(ctx, unsafe { &*peer }, ForwardPath::PodToPod),
         None => fib::forward(ctx, eth, ip),
     }
 }

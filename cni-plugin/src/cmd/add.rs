@@ -43,6 +43,15 @@ pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<Add
         };
         CniError::new(code, format!("cannot use CNI_NETNS {}", netns_path.display())).with_details(e)
     })?;
+    // The node's own namespace as the pod's would move the node's traffic into a pod interface
+    // and give the node a default route through it.
+    if pod_ns.is(&Netns::current().cni(ErrorCode::IO, "cannot open the plugin's own namespace")?).unwrap_or(false) {
+        return Err(CniError::new(
+            ErrorCode::INVALID_ENV,
+            format!("CNI_NETNS {} is the node's own network namespace, not a pod's", netns_path.display()),
+        )
+        .with_details("the runtime must pass the pod sandbox's namespace"));
+    }
     let attachment = Attachment::new(&env.container_id, &env.ifname);
     let node = Netlink::connect().cni(ErrorCode::IO, "cannot open netlink")?;
     let pod = Netlink::connect_in(&pod_ns).cni(ErrorCode::IO, "cannot open netlink in the pod")?;

@@ -31,6 +31,12 @@ impl Netns {
         Self::open(Path::new("/proc/thread-self/ns/net"))
     }
 
+    /// Whether both files name one namespace (same nsfs inode).
+    pub fn is(&self, other: &Self) -> io::Result<bool> {
+        let (a, b) = (nix::sys::stat::fstat(&self.file)?, nix::sys::stat::fstat(&other.file)?);
+        Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
+    }
+
     pub fn raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
