@@ -103,6 +103,16 @@ fn allocate(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, 
         let _ = maps::NAT.remove(&reply_key(flow, config, port));
         return Err(DropReason::NatPortsExhausted);
     }
+    aya_log_ebpf::info!(
+        ctx,
+        "masquerade: new flow [{:i}]:{} -> [{:i}]:{} proto {} leaves from port {}",
+        flow.key.src_addr,
+        flow.key.src_port,
+        flow.key.dst_addr,
+        flow.key.dst_port,
+        flow.key.protocol,
+        port
+    );
     Ok(port)
 }
 
