@@ -142,3 +142,21 @@ pub fn frames_toward(frames: &[Vec<u8>], mac: [u8; 6], ip: Ipv4Addr) -> usize {
         })
         .count()
 }
+
+/// A datagram from `netns` to `closed`, a port nobody listens on: succeeds only when the
+/// destination's ICMP port unreachable makes it back to the sending socket (a connected UDP
+/// socket reports it as `ConnectionRefused`), i.e. the error was translated and steered right.
+pub fn port_unreachable(netns: &str, closed: SocketAddr) -> Result<()> {
+    let any: IpAddr = if closed.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    let socket = in_netns(netns, move || {
+        let socket = UdpSocket::bind(SocketAddr::new(any, 0))?;
+        socket.connect(closed)?;
+        socket.set_read_timeout(Some(FLOW_TIMEOUT))?;
+        Ok(socket)
+    })?;
+    socket.send(b"anyone?")?;
+    match socket.recv(&mut [0u8; 16]) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+        other => bail!("expected the endpoint's port unreachable, got {other:?}"),
+    }
+}

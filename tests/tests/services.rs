@@ -314,20 +314,7 @@ fn after_a_service(w: &World) -> Vec<(&'static str, anyhow::Result<()>)> {
         }
         Ok(())
     };
-    let refused = || -> anyhow::Result<()> {
-        let closed = addr(b.ip, 9);
-        let socket = in_netns(&a.netns, move || {
-            let socket = std::net::UdpSocket::bind(addr(Ipv4Addr::UNSPECIFIED, 0))?;
-            socket.connect(closed)?;
-            socket.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
-            Ok(socket)
-        })?;
-        socket.send(b"anyone?")?;
-        match socket.recv(&mut [0u8; 16]) {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
-            other => anyhow::bail!("expected the endpoint's port unreachable, got {other:?}"),
-        }
-    };
+    let refused = || probe::port_unreachable(&a.netns, addr(b.ip, 9).into());
     vec![
         ("a direct connection reusing a Service connection's client port", reused()),
         ("port unreachable from a Service's endpoint, about a direct flow", refused()),

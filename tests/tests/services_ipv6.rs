@@ -19,8 +19,8 @@ use ebpf_cni_tests::{
     flows::{self, Flow, Saw},
     kube_proxy::{self, Flavour, Protocol, Service},
     lan::{Ipv6Plan, LAN_HOST_V6, LAN_NODE_IPS, LAN_NODE_IPV6S, Lan, LanPod, PodNetwork},
-    probe::Servers,
-    traffic::{self, in_netns},
+    probe::{self, Servers},
+    traffic,
 };
 
 /// Ports every server listens on (pods, the host outside the cluster).
@@ -170,20 +170,7 @@ fn after_a_service(w: &World) -> Vec<(&'static str, anyhow::Result<()>)> {
         }
         Ok(())
     };
-    let refused = || -> anyhow::Result<()> {
-        let closed = SocketAddr::new(b.into(), 9);
-        let socket = in_netns(&a, move || {
-            let socket = std::net::UdpSocket::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), 0))?;
-            socket.connect(closed)?;
-            socket.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
-            Ok(socket)
-        })?;
-        socket.send(b"anyone?")?;
-        match socket.recv(&mut [0u8; 16]) {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
-            other => anyhow::bail!("expected the endpoint's port unreachable, got {other:?}"),
-        }
-    };
+    let refused = || probe::port_unreachable(&a, SocketAddr::new(b.into(), 9));
     vec![
         ("IPv6: a direct connection reusing a Service connection's client port", reused()),
         ("IPv6: port unreachable from a Service's endpoint, about a direct flow", refused()),

@@ -10,7 +10,7 @@ use rtnetlink::{
         AddressFamily,
         address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope},
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
-        route::{RouteAddress, RouteAttribute, RouteHeader, RouteScope},
+        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
         tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcOption},
     },
 };
@@ -288,25 +288,14 @@ impl Netlink {
                 if route.header.table != RouteHeader::RT_TABLE_MAIN {
                     continue;
                 }
-                let unspecified = match route.header.address_family {
-                    AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                    _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                };
-                let (mut dst, mut gw, mut oif) = (unspecified, None, None);
-                for attr in &route.attributes {
-                    match attr {
-                        RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = IpAddr::V4(*ip),
-                        RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = IpAddr::V6(*ip),
-                        RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(IpAddr::V4(*ip)),
-                        RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gw = Some(IpAddr::V6(*ip)),
-                        RouteAttribute::Oif(i) => oif = Some(*i),
-                        _ => {}
-                    }
-                }
-                if oif != Some(index) {
+                let leaves_by = route.attributes.iter().find_map(|a| match a {
+                    RouteAttribute::Oif(i) => Some(*i),
+                    _ => None,
+                });
+                if leaves_by != Some(index) {
                     continue;
                 }
-                if let Ok(dst) = IpNetwork::new(dst, route.header.destination_prefix_length) {
+                if let Some((dst, gw)) = destination_and_gateway(&route) {
                     found.push(RouteEntry { dst, gw });
                 }
             }
@@ -421,4 +410,23 @@ fn to_link(msg: &LinkMessage) -> Result<Link> {
 /// `aa:bb:cc:dd:ee:ff`, as results and logs print it.
 pub fn format_mac(mac: [u8; 6]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+/// The route's destination (with its prefix) and gateway, whichever the family.
+pub fn destination_and_gateway(route: &RouteMessage) -> Option<(IpNetwork, Option<IpAddr>)> {
+    let mut dst = match route.header.address_family {
+        AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    };
+    let mut gw = None;
+    for attr in &route.attributes {
+        match attr {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = IpAddr::V4(*ip),
+            RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = IpAddr::V6(*ip),
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(IpAddr::V4(*ip)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gw = Some(IpAddr::V6(*ip)),
+            _ => {}
+        }
+    }
+    Some((IpNetwork::new(dst, route.header.destination_prefix_length).ok()?, gw))
 }

@@ -13,11 +13,11 @@ use rtnetlink::{
     RouteMessageBuilder,
     packet_route::{
         AddressFamily,
-        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteType},
+        route::{RouteHeader, RouteMessage, RouteProtocol, RouteType},
     },
 };
 
-use super::netlink::Netlink;
+use super::netlink::{Netlink, destination_and_gateway};
 
 /// `proto 236` in `ip route`: routes the agent owns. Unassigned in iproute2's rt_protos.
 pub const AGENT_ROUTE_PROTOCOL: u8 = 236;
@@ -115,25 +115,6 @@ fn explain(e: rtnetlink::Error, dst: IpNetwork, gw: IpAddr) -> anyhow::Error {
         _ => "",
     };
     anyhow::Error::new(e).context(format!("route {dst} via {gw}{hint}"))
-}
-
-/// The route's destination (with its prefix) and gateway, whichever the family.
-fn destination_and_gateway(route: &RouteMessage) -> Option<(IpNetwork, Option<IpAddr>)> {
-    let mut dst = match route.header.address_family {
-        AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        _ => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-    };
-    let mut gw = None;
-    for attr in &route.attributes {
-        match attr {
-            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = IpAddr::V4(*ip),
-            RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = IpAddr::V6(*ip),
-            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(IpAddr::V4(*ip)),
-            RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gw = Some(IpAddr::V6(*ip)),
-            _ => {}
-        }
-    }
-    Some((IpNetwork::new(dst, route.header.destination_prefix_length).ok()?, gw))
 }
 
 fn describe(route: &RouteMessage, dst: IpNetwork, gw: Option<IpAddr>) -> String {
