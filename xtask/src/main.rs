@@ -2,6 +2,7 @@
 mod cargo_output;
 mod cmd;
 mod demo;
+mod libcni_runtime;
 mod setup;
 mod upgrade_base;
 
@@ -68,9 +69,11 @@ fn run(task: Task) -> Result<()> {
             setup::run()?;
             let plugin = cmd::build_plugin(false)?;
             let base = upgrade_base::build()?;
+            let libcni = libcni_runtime::build()?;
             cmd::cargo(&["fmt", "--all", "--", "--check"])?;
             let env = [("EBPF_CNI_BIN", plugin.as_os_str())];
-            let test_env = [env[0], ("EBPF_CNI_BASE_BIN", base.as_os_str())];
+            let test_env =
+                [env[0], ("EBPF_CNI_BASE_BIN", base.as_os_str()), ("EBPF_CNI_LIBCNI_RUNTIME", libcni.as_os_str())];
             eprintln!("running every test…");
             cmd::cargo_with_env(&["test", "--no-fail-fast"], &test_env)?;
             eprintln!("running the benchmarks in smoke mode…");

@@ -11,9 +11,9 @@ use crate::cmd::{command, output, status};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Tools the tests, the demo and the benchmarks call: ip, ping, nsenter/mount, sysctl, bpftool,
-/// iperf3, the reference plugins (`bridge` to compare with, `static` as a delegated IPAM
+/// iperf3, sockperf and qperf (latency over IPv6), the reference plugins (`bridge` to compare with, `static` as a delegated IPAM
 /// plugin), and iptables/nft (bridge's ipMasq needs iptables; tests show our node has no rules).
-const PACKAGES: [&str; 10] = [
+const PACKAGES: [&str; 11] = [
     "iproute2",
     "iputils-ping",
     "util-linux",
