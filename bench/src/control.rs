@@ -12,7 +12,7 @@ use crate::{
     Settings,
     report::{Better::*, Figure},
     stats::Samples,
-    topology::{self, Path},
+    topology::{self, Family, Path},
 };
 
 const SECTION: &str = "control plane";
@@ -38,7 +38,7 @@ impl Node {
         }
         run_in(node, "ip", &["addr", "add", "192.0.2.1/24", "dev", "uplink0"])?;
         run_in(node, "ip", &["route", "add", "default", "via", "192.0.2.2"])?;
-        let mut conf = path.conf(&tb);
+        let mut conf = path.conf(&tb, Family::V4);
         conf["ipMasq"] = serde_json::json!(true);
         Ok(Self { path, tb, conf, attached: 0 })
     }

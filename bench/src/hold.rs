@@ -6,10 +6,10 @@ use std::io::BufRead as _;
 use anyhow::Result;
 use ebpf_cni_tests::Plugin;
 
-use crate::topology::{self, Path};
+use crate::topology::{self, Family, Path};
 
 pub fn run(path: Path, ours: &Plugin) -> Result<()> {
-    let pair = topology::build(path, ours)?;
+    let pair = topology::build(path, ours, Family::V4)?;
     println!("path {}", path.name());
     println!("client_ns {}", pair.client_ns);
     println!("server_ns {}", pair.server_ns);

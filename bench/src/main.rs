@@ -12,6 +12,7 @@ mod hold;
 mod iperf;
 mod masquerade;
 mod proc;
+mod qperf;
 mod report;
 mod service;
 mod sockperf;
@@ -33,9 +34,7 @@ struct Cli {
     /// A few seconds per section: checks every figure is produced; writes nothing in the tree.
     #[arg(long)]
     smoke: bool,
-    /// Sections to run (default: datapath, masquerade, control). `service` runs only when named:
-    /// ebpf-cni's replies skip conntrack's un-DNAT until issue 17's datapath change, so the
-    /// section stops at its first connection.
+    /// Sections to run (default: all of them).
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
     /// Rounds (each path measured once per round).
@@ -62,6 +61,8 @@ enum HoldPath {
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Section {
     Datapath,
+    /// Pod → pod over IPv6, dual-stack pods.
+    Datapath6,
     Masquerade,
     Control,
     /// Pod → ClusterIP → pod through kube-proxy's rules.
@@ -69,7 +70,8 @@ enum Section {
 }
 
 /// What runs when `--only` is not given.
-const DEFAULT_SECTIONS: [Section; 4] = [Section::Datapath, Section::Masquerade, Section::Service, Section::Control];
+const DEFAULT_SECTIONS: [Section; 5] =
+    [Section::Datapath, Section::Datapath6, Section::Masquerade, Section::Service, Section::Control];
 
 /// How long and how much each section measures.
 pub struct Settings {
@@ -132,7 +134,10 @@ fn run_bench(cli: Cli) -> Result<()> {
     let wanted = |s: Section| if cli.only.is_empty() { DEFAULT_SECTIONS.contains(&s) } else { cli.only.contains(&s) };
     let mut figures = Vec::new();
     if wanted(Section::Datapath) {
-        figures.extend(datapath::run(&settings, &ours)?);
+        figures.extend(datapath::run(&settings, &ours, topology::Family::V4)?);
+    }
+    if wanted(Section::Datapath6) {
+        figures.extend(datapath::run(&settings, &ours, topology::Family::V6)?);
     }
     if wanted(Section::Masquerade) {
         figures.extend(masquerade::run(&settings, &ours)?);

@@ -12,7 +12,7 @@ use crate::{
     Settings, conn_rate, iperf,
     iperf::Placement,
     report::{Better::*, Figure},
-    topology::{self, Pair, Path},
+    topology::{self, Family, Pair, Path},
 };
 
 const SECTION: &str = "pod → external (masquerade)";
@@ -31,7 +31,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
             let mut cluster = Cluster::with_plugin(&format!("bm{round}"), "10.241.0.0/16", subnets, path.plugin(ours))?;
             let node = &mut cluster.nodes[0];
             let pod = node.new_pod()?;
-            let conf = path.conf(node);
+            let conf = path.conf(node, Family::V4);
             let out = node.cni("ADD", pod, &conf)?;
             ensure!(out.success, "{} ADD failed: {}", path.name(), out.stdout);
             let pair = Pair::borrowed(&node.pods[pod].netns.name, &cluster.ext.name, EXT_SERVER);

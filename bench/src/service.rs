@@ -20,7 +20,7 @@ use crate::{
     iperf::Placement,
     report::{Better::*, Figure},
     sockperf,
-    topology::{self, Pair, Path},
+    topology::{self, Family, Pair, Path},
 };
 
 const SECTION: &str = "pod → ClusterIP → pod";
@@ -76,7 +76,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
 /// Two pods on a fresh node of `path`'s plugin, kube-proxy's rules for a Service in front of
 /// the second one, and clients that dial the Service.
 fn through_cluster_ip(path: Path, ours: &Plugin) -> Result<Pair> {
-    let pair = topology::build(path, ours)?;
+    let pair = topology::build(path, ours, Family::V4)?;
     let node = &pair.node().context("a CNI path has a node")?.node.name;
     // A packet to a ClusterIP is routed by the node once kube-proxy's DNAT gave it a pod's
     // address: forwarding must be on, as on every Kubernetes node.

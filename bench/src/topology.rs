@@ -11,6 +11,17 @@ use serde_json::{Value, json};
 /// Every path runs at this MTU (the veth default), so none wins by packet size.
 pub const MTU: u32 = 1500;
 
+/// The pods' IPv6 range when a figure is measured over IPv6 (both plugins get the same
+/// dual-stack IPAM: this and the IPv4 subnet, host-local's one range set per family).
+const POD_SUBNET_V6: &str = "fd00:10:242::/64";
+
+/// The address family a pair's traffic uses.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Family {
+    V4,
+    V6,
+}
+
 static BUILT: AtomicU32 = AtomicU32::new(0);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -44,8 +55,8 @@ impl Path {
 
     /// The network configuration of a CNI path: ours as the testbed writes it, or bridge as a
     /// node operator sets it up (gateway and pods' default route on the bridge, ipMasq, the
-    /// same host-local pool); both at [`MTU`].
-    pub fn conf(self, tb: &Testbed) -> Value {
+    /// same host-local pool); both at [`MTU`]. For IPv6 both get the same dual-stack pool.
+    pub fn conf(self, tb: &Testbed, family: Family) -> Value {
         let mut conf = match self {
             Self::Bridge => json!({
                 "cniVersion": "1.0.0",
@@ -60,6 +71,10 @@ impl Path {
             _ => tb.conf("1.0.0"),
         };
         conf["mtu"] = json!(MTU);
+        if family == Family::V6 {
+            let ranges = json!([[{ "subnet": tb.subnet }], [{ "subnet": POD_SUBNET_V6 }]]);
+            conf["ipam"] = json!({ "type": "host-local", "ranges": ranges, "dataDir": tb.data_dir() });
+        }
         conf
     }
 }
@@ -126,18 +141,19 @@ pub fn unique(tag: &str) -> String {
     format!("ecni-{tag}-{}-{}", std::process::id(), BUILT.fetch_add(1, Ordering::Relaxed))
 }
 
-pub fn build(path: Path, ours: &Plugin) -> Result<Pair> {
+pub fn build(path: Path, ours: &Plugin, family: Family) -> Result<Pair> {
     match path {
-        Path::EbpfCni | Path::Bridge => pods(path, ours),
-        Path::BareVeth => bare_veth(),
+        Path::EbpfCni | Path::Bridge => pods(path, ours, family),
+        Path::BareVeth => bare_veth(family),
         Path::Loopback => {
             let ns = NetnsGuard::create(&unique("lo"))?;
             let name = ns.name.clone();
+            let ip = if family == Family::V6 { "::1" } else { "127.0.0.1" };
             Ok(Pair {
                 client_ns: name.clone(),
                 server_ns: name,
-                server_ip: "127.0.0.1".into(),
-                dial_ip: "127.0.0.1".into(),
+                server_ip: ip.into(),
+                dial_ip: ip.into(),
                 keep: Keep::Namespaces { _namespaces: vec![ns] },
             })
         }
@@ -145,17 +161,32 @@ pub fn build(path: Path, ours: &Plugin) -> Result<Pair> {
 }
 
 /// Two pods on a fresh node, attached by the path's plugin; the second one serves.
-fn pods(path: Path, ours: &Plugin) -> Result<Pair> {
+fn pods(path: Path, ours: &Plugin, family: Family) -> Result<Pair> {
     let tag = if path == Path::EbpfCni { "bpe" } else { "bpb" };
     let mut tb = Testbed::with_plugin(tag, "10.242.0.0/24", path.plugin(ours))?;
-    let conf = path.conf(&tb);
+    let conf = path.conf(&tb, family);
     let mut ips = Vec::new();
     for _ in 0..2 {
         let pod = tb.new_pod()?;
         let out = tb.cni("ADD", pod, &conf)?;
         ensure!(out.success, "{} ADD failed: {}", path.name(), out.stdout);
-        let ip = out.json()["ips"][0]["address"].as_str().context("no address in the result")?.to_string();
-        ips.push(ip.split('/').next().unwrap_or_default().to_string());
+        let result = out.json();
+        let address = result["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip["address"].as_str()?.split('/').next())
+            .find(|ip| ip.contains(':') == (family == Family::V6))
+            .with_context(|| format!("no {family:?} address in {} ADD's result {result}", path.name()))?;
+        ips.push(address.to_string());
+    }
+    if family == Family::V6 {
+        // bridge's addresses (the pods' and its gateway's) go through duplicate address
+        // detection first; ours skip it. Measure neither while an address is still tentative.
+        for pod in &tb.pods {
+            settle_ipv6(&pod.netns.name)?;
+        }
+        settle_ipv6(&tb.node.name)?;
     }
     Ok(Pair {
         client_ns: tb.pods[0].netns.name.clone(),
@@ -167,20 +198,37 @@ fn pods(path: Path, ours: &Plugin) -> Result<Pair> {
 }
 
 /// Two namespaces and one veth pair between them, nothing else.
-fn bare_veth() -> Result<Pair> {
+fn bare_veth(family: Family) -> Result<Pair> {
     let base = unique("veth");
     let (a, b) = (NetnsGuard::create(&format!("{base}-a"))?, NetnsGuard::create(&format!("{base}-b"))?);
     let peer_ns = format!("/run/netns/{}", b.name);
     run_in(&a.name, "ip", &["link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", &peer_ns])?;
-    for (ns, ip) in [(&a.name, "10.243.0.1/24"), (&b.name, "10.243.0.2/24")] {
-        run_in(ns, "ip", &["addr", "add", ip, "dev", "eth0"])?;
+    let (ips, server) = match family {
+        Family::V4 => (["10.243.0.1/24", "10.243.0.2/24"], "10.243.0.2"),
+        Family::V6 => (["fd00:10:243::1/64", "fd00:10:243::2/64"], "fd00:10:243::2"),
+    };
+    for (ns, ip) in [(&a.name, ips[0]), (&b.name, ips[1])] {
+        // nodad: usable at once, as ebpf-cni's pod addresses are.
+        run_in(ns, "ip", &["addr", "add", ip, "dev", "eth0", "nodad"])?;
         run_in(ns, "ip", &["link", "set", "eth0", "mtu", &MTU.to_string(), "up"])?;
     }
     Ok(Pair {
         client_ns: a.name.clone(),
         server_ns: b.name.clone(),
-        server_ip: "10.243.0.2".into(),
-        dial_ip: "10.243.0.2".into(),
+        server_ip: server.into(),
+        dial_ip: server.into(),
         keep: Keep::Namespaces { _namespaces: vec![a, b] },
     })
+}
+
+/// Waits (up to 5 s) until no IPv6 address in `netns` is still tentative.
+fn settle_ipv6(netns: &str) -> Result<()> {
+    for _ in 0..50 {
+        let out = run_in(netns, "ip", &["-6", "addr", "show", "tentative"])?;
+        if out.stdout.is_empty() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    anyhow::bail!("IPv6 addresses in {netns} still tentative after 5 s")
 }

@@ -21,6 +21,7 @@ const PACKAGES: [&str; 11] = [
     "bpftool",
     "iperf3",
     "sockperf",
+    "qperf",
     "containernetworking-plugins",
     "iptables",
     "nftables",
@@ -54,7 +55,7 @@ fn nightly_llvm_major() -> Result<u32> {
         .context("cannot read nightly rustc's LLVM version")
 }
 
-fn apt_install(packages: &[&str]) -> Result<()> {
+pub fn apt_install(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()
