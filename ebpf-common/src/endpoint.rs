@@ -34,6 +34,11 @@ impl IpKey {
 /// packets stay on their link.
 pub const ENDPOINT_LINK_LOCAL: u32 = 1;
 
+/// `Endpoint::flags`: the pod has an ingress bandwidth limit, a TBF qdisc on its host veth.
+/// Packets for it go through that veth's egress (`bpf_redirect`), where the qdisc sees them,
+/// rather than straight into the pod with `bpf_redirect_peer`, which would skip it.
+pub const ENDPOINT_SHAPED: u32 = 2;
+
 /// An IPv4 address in a 16-byte address field: the four octets first, the rest zero.
 pub const fn ipv4_in_16(a: [u8; 4]) -> [u8; 16] {
     [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
@@ -45,7 +50,7 @@ pub const fn ipv4_in_16(a: [u8; 4]) -> [u8; 16] {
 pub struct Endpoint {
     /// Index of the host-side veth in the node namespace (the target of `bpf_redirect_peer`).
     pub host_ifindex: u32,
-    /// [`ENDPOINT_LINK_LOCAL`] or 0.
+    /// [`ENDPOINT_LINK_LOCAL`], [`ENDPOINT_SHAPED`], or 0.
     pub flags: u32,
     /// Which attachment (container ID + ifname) owns the entry, so that DEL and GC find it
     /// whatever the IPAM plugin and even when the veth is already gone.

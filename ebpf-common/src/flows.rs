@@ -57,8 +57,9 @@ pub const FLOW_FROM_OUTSIDE: u32 = 2;
 /// 128 Ki entries of 40 + 24 bytes, about 15 MiB of kernel memory with the LRU's overhead.
 pub const FLOWS_MAX_ENTRIES: u32 = 131_072;
 
-/// `skb->mark` of a packet `from_pod` sent to another node by the FIB redirect: `to_uplink` then
-/// knows it did not come through the stack. It never reaches netfilter (the redirect skips it),
+/// `skb->mark` of a packet the datapath itself put on an egress: sent to another node by the FIB
+/// redirect (`to_uplink` then knows it did not come through the stack), or into a pod with a
+/// bandwidth limit through its host veth (`to_pod` then knows the same). It never reaches netfilter (the redirect skips it),
 /// and it has neither of kube-proxy's bits (0x4000 masquerade, 0x8000 drop) should it ever.
 pub const FAST_PATH_MARK: u32 = 0x0ec0_0a57;
 

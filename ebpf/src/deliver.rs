@@ -1,8 +1,14 @@
 //! Delivery into a pod on this node: the frame gets the pod's MAC as destination and the host
 //! veth's as source (what the pod expects from its gateway), then `bpf_redirect_peer` puts it
-//! straight into the pod's namespace, without a second pass through the node's stack.
-use aya_ebpf::{bindings::TC_ACT_REDIRECT, helpers::bpf_redirect_peer, programs::TcContext};
-use ebpf_common::{DropReason, Endpoint, ForwardPath};
+//! straight into the pod's namespace, without a second pass through the node's stack. A pod
+//! with an ingress bandwidth limit gets it through its host veth's egress instead, where the
+//! limit's TBF qdisc sits (the peer redirect would skip every qdisc).
+use aya_ebpf::{
+    bindings::TC_ACT_REDIRECT,
+    helpers::{bpf_redirect, bpf_redirect_peer},
+    programs::TcContext,
+};
+use ebpf_common::{DropReason, ENDPOINT_SHAPED, Endpoint, FAST_PATH_MARK, ForwardPath};
 use network_types::eth::EthHdr;
 
 use crate::{maps, packet};
@@ -20,8 +26,15 @@ pub fn into_pod(ctx: &TcContext, pod: &Endpoint, path: ForwardPath) -> i32 {
         (*eth).dst_addr = pod.pod_mac;
         (*eth).src_addr = pod.host_mac;
     }
-    // SAFETY: plain helper call.
-    let verdict = unsafe { bpf_redirect_peer(pod.host_ifindex, 0) };
+    let verdict = if pod.flags & ENDPOINT_SHAPED != 0 {
+        // Marked: `to_pod`, on that egress, must not take it for a packet of the node's stack.
+        ctx.set_mark(FAST_PATH_MARK);
+        // SAFETY: plain helper call.
+        unsafe { bpf_redirect(pod.host_ifindex, 0) }
+    } else {
+        // SAFETY: plain helper call.
+        unsafe { bpf_redirect_peer(pod.host_ifindex, 0) }
+    };
     if verdict != i64::from(TC_ACT_REDIRECT) {
         return maps::drop(ctx, DropReason::RedirectFailed);
     }

@@ -1,15 +1,23 @@
 //! `to_pod`: TC egress of each host-side veth, i.e. what the node's stack delivers into a pod
-//! (the fast paths put packets into pods with `bpf_redirect_peer`, which skips this hook). A
+//! (the fast paths put packets into pods with `bpf_redirect_peer`, which skips this hook, or,
+//! for a pod with an ingress bandwidth limit, through this hook marked `FAST_PATH_MARK`). A
 //! packet from a cluster address got here through the stack, maybe translated (a Service's
 //! DNAT): its replies must go back through the stack (`steer.rs`). Nothing is ever dropped here.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{FLOW_VIA_STACK, IpKey};
+use ebpf_common::{FAST_PATH_MARK, FLOW_VIA_STACK, IpKey};
 
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{config, flow, flow6::Flow6, maps, ndp, packet, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    // A fast-path packet for a shaped pod (`deliver.rs`), on its way to the limit's qdisc: no
+    // flow of the stack's. The mark is cleared here, not left for the pod to see.
+    if unsafe { (*ctx.skb.skb).mark } == FAST_PATH_MARK {
+        ctx.set_mark(0);
+        return packet::PASS;
+    }
     if flow::is_ipv6(ctx) {
         return ipv6(ctx);
     }
