@@ -7,7 +7,10 @@ use std::{
 
 use sha2::{Digest, Sha256};
 
-use crate::cni::{CniError, CniResult, ErrorCode};
+use crate::cni::{
+    CniError, CniResult, ErrorCode,
+    bandwidth::{Bandwidth, Limit},
+};
 
 /// How long a verb waits for another verb on the same attachment before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -22,18 +25,42 @@ pub const ALIAS_PREFIX: &str = "ebpf-cni/";
 /// The kernel keeps at most this many bytes of an alias.
 const ALIAS_MAX: usize = 255;
 
-/// The host veth's alias; `ebpf-cni/<network>` alone when the whole would not fit.
-pub fn alias(network: &str, container_id: &str, ifname: &str) -> String {
-    let full = format!("{ALIAS_PREFIX}{network}/{container_id}/{ifname}");
+/// The host veth's alias; `ebpf-cni/<network>` alone when the whole would not fit. The pod's
+/// bandwidth limits follow as ` ingress=<bit/s>:<bits>` and ` egress=…`, for `inspect`: the
+/// egress limit's qdisc is inside the pod's namespace, out of the node's sight.
+pub fn alias(network: &str, container_id: &str, ifname: &str, bandwidth: &Bandwidth) -> String {
+    let limits: String = [("ingress", bandwidth.ingress), ("egress", bandwidth.egress)]
+        .into_iter()
+        .filter_map(|(direction, limit)| limit.map(|l| format!(" {direction}={}:{}", l.rate, l.burst)))
+        .collect();
+    let full = format!("{ALIAS_PREFIX}{network}/{container_id}/{ifname}{limits}");
     if full.len() <= ALIAS_MAX { full } else { format!("{ALIAS_PREFIX}{network}") }
 }
 
-/// The network and, when recorded, the (container ID, ifname) an alias names.
+/// The network and, when recorded, the (container ID, ifname) an alias names. Network names,
+/// container IDs and interface names hold no space: the first one ends them.
 pub fn parse_alias(alias: &str) -> Option<(&str, Option<(&str, &str)>)> {
-    let mut parts = alias.strip_prefix(ALIAS_PREFIX)?.splitn(3, '/');
+    let path = alias.split(' ').next().unwrap_or_default();
+    let mut parts = path.strip_prefix(ALIAS_PREFIX)?.splitn(3, '/');
     let network = parts.next()?;
     let pair = parts.next().zip(parts.next());
     Some((network, pair))
+}
+
+/// The bandwidth limits an alias records (none when it records none).
+pub fn alias_limits(alias: &str) -> Bandwidth {
+    let mut bandwidth = Bandwidth::default();
+    for word in alias.split(' ').skip(1) {
+        let Some((direction, limit)) = word.split_once('=') else { continue };
+        let Some((rate, burst)) = limit.split_once(':') else { continue };
+        let (Ok(rate), Ok(burst)) = (rate.parse(), burst.parse()) else { continue };
+        match direction {
+            "ingress" => bandwidth.ingress = Some(Limit { rate, burst }),
+            "egress" => bandwidth.egress = Some(Limit { rate, burst }),
+            _ => {}
+        }
+    }
+    bandwidth
 }
 
 pub struct Attachment {
@@ -119,9 +146,20 @@ mod tests {
 
     #[test]
     fn aliases_round_trip() {
-        assert_eq!(parse_alias(&alias("net", "abc", "eth0")), Some(("net", Some(("abc", "eth0")))));
+        let none = Bandwidth::default();
+        assert_eq!(parse_alias(&alias("net", "abc", "eth0", &none)), Some(("net", Some(("abc", "eth0")))));
         let long = "c".repeat(300);
-        assert_eq!(parse_alias(&alias("net", &long, "eth0")), Some(("net", None)));
+        assert_eq!(parse_alias(&alias("net", &long, "eth0", &none)), Some(("net", None)));
         assert_eq!(parse_alias("something else"), None);
+        assert_eq!(alias_limits(&alias("net", "abc", "eth0", &none)), none);
+    }
+
+    #[test]
+    fn limits_ride_behind_the_attachment() {
+        let limited = Bandwidth { ingress: None, egress: Some(Limit { rate: 10_000_000, burst: 200_000 }) };
+        let text = alias("net", "abc", "eth0", &limited);
+        assert_eq!(text, "ebpf-cni/net/abc/eth0 egress=10000000:200000");
+        assert_eq!(parse_alias(&text), Some(("net", Some(("abc", "eth0")))), "GC still finds the attachment");
+        assert_eq!(alias_limits(&text), limited);
     }
 }

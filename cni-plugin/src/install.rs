@@ -132,8 +132,10 @@ fn conflist(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs) -> Result<
     let ranges: Vec<Value> = pod_cidrs.iter().map(|subnet| json!([{ "subnet": subnet.to_string() }])).collect();
     let defaults = [pod_cidrs.v4.map(|_| "0.0.0.0/0"), pod_cidrs.v6.map(|_| "::/0")];
     let routes: Vec<Value> = defaults.into_iter().flatten().map(|dst| json!({ "dst": dst })).collect();
+    // `bandwidth`: kubelet hands a pod's bandwidth annotations only to plugins that declare it.
     let mut plugin = json!({
         "type": "ebpf-cni",
+        "capabilities": { "bandwidth": true },
         "ipMasq": args.masquerade,
         "ipam": { "type": "host-local", "ranges": ranges, "routes": routes },
     });

@@ -19,6 +19,8 @@ pub struct Expected<'a> {
     pub ips: &'a [IpAddr],
     /// Ids of the programs the host veth's ingress filters run (read over netlink).
     pub ingress_programs: &'a [u32],
+    /// Whether the pod has an ingress limit (`ENDPOINT_SHAPED` on its entries).
+    pub shaped: bool,
 }
 
 /// What GC removed from the kernel.
@@ -54,6 +56,12 @@ impl Datapath {
                 return Err(wrong(format!(
                     "endpoint {ip} belongs to another attachment (owner {:#x}, ifindex {})",
                     entry.owner, entry.host_ifindex
+                )));
+            }
+            if (entry.flags & ebpf_common::ENDPOINT_SHAPED != 0) != want.shaped {
+                let (is, asked) = if want.shaped { ("is not", "has") } else { ("is", "has no") };
+                return Err(wrong(format!(
+                    "endpoint {ip} {is} marked for shaped delivery; the pod {asked} an ingress limit"
                 )));
             }
         }

@@ -75,6 +75,12 @@ impl Datapath {
         }
     }
 
+    /// Whether the network's programs are the previous release's (its layout stays, for the
+    /// pods it serves, until the last of them is deleted).
+    pub fn runs_previous_layout(&self) -> bool {
+        self.pins.is_previous()
+    }
+
     pub(super) fn is_loaded(&self) -> bool {
         // The program is pinned last, so its pin means maps and program are all there.
         self.pins.program(names::FROM_POD).exists()
@@ -96,9 +102,9 @@ impl Datapath {
     /// traffic and is never a destination.
     pub fn add_endpoints(&self, ips: &[IpAddr], link_local: Option<Ipv6Addr>, endpoint: Endpoint) -> CniResult<()> {
         let mut map = self.endpoints()?.ok_or_else(|| internal("ENDPOINTS is not pinned"))?;
-        let entries = ips.iter().map(|ip| (*ip, endpoint)).chain(
-            link_local.map(|ll| (IpAddr::V6(ll), Endpoint { flags: ebpf_common::ENDPOINT_LINK_LOCAL, ..endpoint })),
-        );
+        let entries = ips.iter().map(|ip| (*ip, endpoint)).chain(link_local.map(|ll| {
+            (IpAddr::V6(ll), Endpoint { flags: endpoint.flags | ebpf_common::ENDPOINT_LINK_LOCAL, ..endpoint })
+        }));
         for (ip, endpoint) in entries {
             match map.insert(ip_key(ip), endpoint, 0) {
                 Ok(()) => {}

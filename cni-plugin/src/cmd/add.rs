@@ -1,9 +1,10 @@
-//! ADD: address, veth pair, pod addresses and routes, host route, endpoint entry, tc filter.
+//! ADD: address, veth pair, pod addresses and routes, host route, bandwidth limits, endpoint
+//! entry, tc filter.
 //! Nothing is touched before the checks that can fail cheaply; after that, any failure runs the
 //! same teardown as DEL, which is scoped to this attachment and so cannot hurt anyone else's.
 use std::net::IpAddr;
 
-use ebpf_common::Endpoint;
+use ebpf_common::{ENDPOINT_SHAPED, Endpoint};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 
 use super::del::teardown;
@@ -106,7 +107,8 @@ impl Setup<'_> {
         fault::point("add:after-veth");
         let host =
             self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
-        let alias = attachment::alias(&self.conf.name, &self.env.container_id, &self.env.ifname);
+        let alias =
+            attachment::alias(&self.conf.name, &self.env.container_id, &self.env.ifname, &self.request.bandwidth);
         self.node.set_alias(host.index, &alias).await.cni(ErrorCode::IO, "cannot label the host veth")?;
         let pod = self
             .pod
@@ -136,15 +138,27 @@ impl Setup<'_> {
             self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
         }
         fault::point("add:after-routes");
+        self.limit_bandwidth(host.index, pod.index).await?;
         let settings =
             Settings::resolve(self.conf, pod_subnet(&allocation), pod_subnet_v6(&allocation), self.node).await?;
         let root = self.conf.bpffs_root();
         Datapath::mount_bpffs(&root)?;
         let datapath = Datapath::lock(&root, &self.conf.name)?;
         datapath.ensure_loaded(&settings, self.node).await?;
+        let shaped = self.request.bandwidth.ingress.is_some();
+        if shaped && datapath.runs_previous_layout() {
+            return Err(CniError::new(
+                ErrorCode::DATAPATH,
+                format!(
+                    "network {} still runs the previous release's datapath, which has no bandwidth limits",
+                    self.conf.name
+                ),
+            )
+            .with_details("its programs stay until the last pod they serve is deleted; add limited pods after that"));
+        }
         let endpoint = Endpoint {
             host_ifindex: host.index,
-            flags: 0,
+            flags: if shaped { ENDPOINT_SHAPED } else { 0 },
             owner: self.attachment.cookie(),
             pod_mac: pod.mac,
             host_mac: host.mac,
@@ -175,6 +189,28 @@ impl Setup<'_> {
 }
 
 impl Setup<'_> {
+    /// The `bandwidth` capability's limits as TBF qdiscs on the sending end of each direction:
+    /// what the pod sends on its own interface (its stack feels the queue, so TCP settles at the
+    /// rate instead of losing packets), what it receives on the host veth (the datapath delivers
+    /// into a limited pod through it, see `ENDPOINT_SHAPED`). Both go with the veth pair.
+    /// Without an ingress limit the host veth's root slot is held by a `noqueue`, so that a
+    /// chained `bandwidth` plugin fails ADD instead of shaping only what crosses the stack.
+    async fn limit_bandwidth(&self, host_index: u32, pod_index: u32) -> CniResult<()> {
+        let bandwidth = &self.request.bandwidth;
+        if let Some(egress) = bandwidth.egress {
+            self.pod.add_tbf(pod_index, egress).await.cni(ErrorCode::IO, "cannot limit what the pod sends")?;
+        }
+        match bandwidth.ingress {
+            Some(ingress) => {
+                self.node.add_tbf(host_index, ingress).await.cni(ErrorCode::IO, "cannot limit what the pod receives")?
+            }
+            None => {
+                self.node.hold_root_qdisc(host_index).await.cni(ErrorCode::IO, "cannot set the host veth's qdisc")?
+            }
+        }
+        Ok(())
+    }
+
     /// Both ends' IPv6 settings (`sysctl.rs`), before either comes up.
     fn ipv6_settings(&self, host_ifname: &str) -> CniResult<()> {
         let no_ipv6 = |e: std::io::Error| {

@@ -10,14 +10,17 @@ use crate::{
     bpf::{Datapath, Expected},
     cni::{
         CniError, CniResult, Context, ErrorCode,
+        bandwidth::Limit,
         config::NetConf,
         env::CniEnv,
+        request::Request,
         result::{AddResult, Interface},
     },
     ipam::Ipam,
     net::{
         netlink::{Link, Netlink, RouteEntry, format_mac},
         netns::Netns,
+        qdisc::same_limit,
     },
 };
 
@@ -71,6 +74,9 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
             return Err(differs(format!("the node has no route {dst} dev {host_ifname}")));
         }
     }
+    let bandwidth = Request::gather(&env.args, conf)?.bandwidth;
+    expect_limit(&pod, pod_link.index, bandwidth.egress, &format!("{} in the pod (egress)", env.ifname)).await?;
+    expect_limit(&node, host_link.index, bandwidth.ingress, &format!("{host_ifname} (ingress)")).await?;
     let ingress_programs =
         node.ingress_bpf_programs(host_link.index).await.cni(ErrorCode::IO, "cannot list the host veth's filters")?;
     let datapath = Datapath::lock(&conf.bpffs_root(), &conf.name)?;
@@ -80,6 +86,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
         owner: attachment.cookie(),
         ips: &addresses,
         ingress_programs: &ingress_programs,
+        shaped: bandwidth.ingress.is_some(),
     })?;
     drop(datapath);
     // IPAM holds every address of the result, of either family.
@@ -98,6 +105,20 @@ async fn expect_link(nl: &Netlink, name: &str, iface: Option<&Interface>, place:
         return Err(differs(format!("{name} in the {place} has MAC {}, the result says {want}", format_mac(link.mac))));
     }
     Ok(link)
+}
+
+/// A limit asked for is a TBF root qdisc of that rate and burst on `index`. Without one, nothing
+/// is checked: a root qdisc there is somebody else's.
+async fn expect_limit(nl: &Netlink, index: u32, asked: Option<Limit>, place: &str) -> CniResult<()> {
+    let Some(asked) = asked else { return Ok(()) };
+    match nl.root_tbf(index).await.cni(ErrorCode::IO, "cannot list qdiscs")? {
+        Some(found) if same_limit(asked, found) => Ok(()),
+        Some(found) => Err(differs(format!(
+            "{place} is limited to {} bit/s (burst {} bits), not {} bit/s (burst {} bits)",
+            found.rate, found.burst, asked.rate, asked.burst
+        ))),
+        None => Err(differs(format!("{place} has no bandwidth limit ({} bit/s asked)", asked.rate))),
+    }
 }
 
 fn differs(msg: String) -> CniError {

@@ -1,4 +1,5 @@
 //! The CNI protocol: environment, network configuration, results, errors and versions.
+pub mod bandwidth;
 pub mod config;
 pub mod env;
 pub mod error;

@@ -1,13 +1,16 @@
-//! What the runtime asks of one attachment beyond the network's configuration: fixed addresses
-//! and a MAC. Three places may say it, as the CNI conventions describe: `runtimeConfig` (the
-//! `ips` and `mac` capabilities), `args.cni`, and `CNI_ARGS` (`IP=`, `MAC=`; podman sends both
-//! when it reloads a network and wants the old address back).
+//! What the runtime asks of one attachment beyond the network's configuration: fixed addresses,
+//! a MAC and bandwidth limits. Three places may say it, as the CNI conventions describe:
+//! `runtimeConfig` (the `ips`, `mac` and `bandwidth` capabilities), `args.cni`, and `CNI_ARGS`
+//! (`IP=`, `MAC=`; podman sends both when it reloads a network and wants the old address back).
 use std::{collections::BTreeMap, net::IpAddr};
 
 use ipnetwork::IpNetwork;
 use serde_json::Value;
 
-use super::{CniError, CniResult, ErrorCode, config::NetConf, env::invalid};
+use super::{CniError, CniResult, ErrorCode, bandwidth::Bandwidth, config::NetConf, env::invalid};
+
+/// A veth's MTU when the configuration sets none.
+const DEFAULT_MTU: u32 = 1500;
 
 /// CNI_ARGS keys we act on, or that runtimes always send (kubelet's pod identity).
 const KNOWN_ARGS: [&str; 7] =
@@ -18,6 +21,7 @@ pub struct Request {
     /// Addresses asked for, at most one per IPAM range set.
     pub ips: Vec<IpAddr>,
     pub mac: Option<[u8; 6]>,
+    pub bandwidth: Bandwidth,
 }
 
 impl Request {
@@ -55,7 +59,8 @@ impl Request {
             }
             (None, None) => None,
         };
-        Ok(Self { ips, mac })
+        let bandwidth = Bandwidth::parse(runtime.and_then(|r| r.get("bandwidth")), conf.mtu.unwrap_or(DEFAULT_MTU))?;
+        Ok(Self { ips, mac, bandwidth })
     }
 }
 

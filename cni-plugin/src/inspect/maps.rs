@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{programs::Interfaces, table::Row};
 use crate::{
     bpf::{Pins, read},
+    cni::bandwidth::Limit,
     net::netlink::format_mac,
 };
 
@@ -37,11 +38,39 @@ pub struct EndpointRow {
     /// The pod's container ID and interface, from the host veth's alias.
     container_id: Option<String>,
     ifname: Option<String>,
+    /// Bandwidth limits (`bandwidth` capability), as ADD recorded them; absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ingress_limit: Option<LimitRow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    egress_limit: Option<LimitRow>,
+}
+
+#[derive(Serialize)]
+struct LimitRow {
+    rate_bits_per_second: u64,
+    burst_bits: u64,
+}
+
+impl From<Limit> for LimitRow {
+    fn from(l: Limit) -> Self {
+        Self { rate_bits_per_second: l.rate, burst_bits: l.burst }
+    }
+}
+
+/// `20M/400k`: rate in bit/s and burst in bits, with SI prefixes; `-` for no limit.
+fn limit_cell(limit: &Option<LimitRow>) -> String {
+    let si = |v: u64| match v {
+        v if v >= 1_000_000_000 && v % 1_000_000 == 0 => format!("{}G", v as f64 / 1e9),
+        v if v >= 1_000_000 && v % 1_000 == 0 => format!("{}M", v as f64 / 1e6),
+        v if v >= 1_000 => format!("{}k", v as f64 / 1e3),
+        v => v.to_string(),
+    };
+    limit.as_ref().map_or_else(|| "-".into(), |l| format!("{}/{}", si(l.rate_bits_per_second), si(l.burst_bits)))
 }
 
 impl Row for EndpointRow {
     const HEADERS: &'static [&'static str] =
-        &["IP", "HOST VETH", "IFINDEX", "POD MAC", "GATEWAY MAC", "CONTAINER", "IFNAME"];
+        &["IP", "HOST VETH", "IFINDEX", "POD MAC", "GATEWAY MAC", "CONTAINER", "IFNAME", "INGRESS", "EGRESS"];
     fn cells(&self) -> Vec<String> {
         let container = self.container_id.as_deref().map_or("?", short_id);
         vec![
@@ -52,6 +81,8 @@ impl Row for EndpointRow {
             self.host_mac.clone(),
             container.to_string(),
             self.ifname.clone().unwrap_or_else(|| "?".into()),
+            limit_cell(&self.ingress_limit),
+            limit_cell(&self.egress_limit),
         ]
     }
 }
@@ -65,8 +96,8 @@ pub(super) fn short_id(id: &str) -> &str {
 pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
     let mut rows: Vec<EndpointRow> = read::endpoint_entries(pins)?
         .into_iter()
-        .map(|(key, ep)| (key, ep, names.attachment(ep.host_ifindex).unzip()))
-        .map(|(key, ep, (container_id, ifname))| EndpointRow {
+        .map(|(key, ep)| (key, ep, names.attachment(ep.host_ifindex).unzip(), names.limits(ep.host_ifindex)))
+        .map(|(key, ep, (container_id, ifname), limits)| EndpointRow {
             ip: ip_of(&key),
             link_local: ep.flags & ENDPOINT_LINK_LOCAL != 0,
             host_ifindex: ep.host_ifindex,
@@ -76,6 +107,8 @@ pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
             owner: ep.owner.to_string(),
             container_id,
             ifname,
+            ingress_limit: limits.ingress.map(LimitRow::from),
+            egress_limit: limits.egress.map(LimitRow::from),
         })
         .collect();
     rows.sort_by_key(|r| r.ip);

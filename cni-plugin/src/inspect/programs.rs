@@ -8,7 +8,12 @@ use ebpf_common::names;
 use serde::Serialize;
 
 use super::table::Row;
-use crate::{attachment::parse_alias, bpf::Pins, net::netlink::Netlink};
+use crate::{
+    attachment::{alias_limits, parse_alias},
+    bpf::Pins,
+    cni::bandwidth::Bandwidth,
+    net::netlink::Netlink,
+};
 
 /// Where on an interface a program runs.
 const HOOKS: [(&str, bool, bool); 4] = [
@@ -22,6 +27,8 @@ struct Interface {
     name: String,
     /// The attachment a host veth serves, from the alias ADD gave it: (container ID, ifname).
     attachment: Option<(String, String)>,
+    /// The pod's bandwidth limits, as the alias records them.
+    limits: Bandwidth,
     /// (hook, program id) in run order per hook.
     programs: Vec<(&'static str, u32)>,
 }
@@ -52,7 +59,8 @@ impl Interfaces {
                     };
                     programs.extend(ids.into_iter().map(|id| (hook, id)));
                 }
-                by_index.insert(index, Interface { name, attachment, programs });
+                let limits = alias.as_deref().map(alias_limits).unwrap_or_default();
+                by_index.insert(index, Interface { name, attachment, limits, programs });
             }
             Ok(Self { by_index })
         })
@@ -67,6 +75,11 @@ impl Interfaces {
     /// (container ID, ifname) of the pod behind a host veth, if its alias records them.
     pub fn attachment(&self, index: u32) -> Option<(String, String)> {
         self.by_index.get(&index).and_then(|i| i.attachment.clone())
+    }
+
+    /// The bandwidth limits of the pod behind a host veth (none if unknown).
+    pub fn limits(&self, index: u32) -> Bandwidth {
+        self.by_index.get(&index).map(|i| i.limits).unwrap_or_default()
     }
 }
 

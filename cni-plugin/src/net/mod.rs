@@ -1,6 +1,7 @@
 //! Interfaces, addresses and routes (rtnetlink), and namespace switching.
 pub mod netlink;
 pub mod netns;
+pub mod qdisc;
 pub mod routes;
 pub mod sysctl;
 mod unlink;
