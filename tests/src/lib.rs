@@ -9,6 +9,7 @@ mod fake_api;
 pub mod flows;
 pub mod frames;
 mod guard;
+pub mod iperf;
 pub mod kube_proxy;
 pub mod lan;
 mod plugin;

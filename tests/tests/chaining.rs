@@ -1,8 +1,10 @@
 //! ebpf-cni as the first plugin of a conflist, its result feeding the reference `portmap`,
 //! `bandwidth` and `tuning` plugins (Debian's, spec ≤ 1.0.0): ADD, CHECK and DEL of the whole
-//! chain, a host port reachable from outside, and nothing left afterwards. A pod that asks for
-//! bandwidth limits fails ADD: `bandwidth` needs the host veth's ingress qdisc slot, which our
-//! clsact qdisc holds (and its shaping would miss the traffic the programs redirect anyway).
+//! chain, a host port reachable from outside, and nothing left afterwards. A pod that asks the
+//! chained `bandwidth` for limits fails ADD, whichever direction: its egress limit needs the host
+//! veth's ingress qdisc slot, which our clsact qdisc holds, and its ingress limit the root slot,
+//! which ebpf-cni holds too, because a TBF there would miss what the programs deliver
+//! themselves. ebpf-cni serves the `bandwidth` capability itself (`bandwidth.rs`).
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ebpf_cni_tests::{
@@ -74,17 +76,22 @@ fn portmap_bandwidth_and_tuning_chain_after_ebpf_cni() {
     rt.del(&list, &sb).unwrap();
     assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
 
-    // Limits: bandwidth's ADD fails, the runtime's DEL of the chain leaves nothing.
-    let limited = node.new_pod().unwrap();
-    let mut sb = node.sandbox(limited);
-    sb.capability_args.insert(
-        "bandwidth".into(),
-        json!({ "ingressRate": 1_000_000_000u64, "ingressBurst": 100_000_000u64,
-                "egressRate": 1_000_000_000u64, "egressBurst": 100_000_000u64 }),
-    );
-    let err = rt.add(&list, &sb).unwrap_err().to_string();
-    assert!(err.contains("bandwidth") && err.contains("qdisc"), "{err}");
-    assert_eq!(node.leftovers().unwrap(), Vec::<String>::new());
+    // Limits through the chained plugin, both ways or one: bandwidth's ADD fails, and the
+    // runtime's DEL of the chain leaves nothing (no veth, no IFB of bandwidth's).
+    let both = json!({ "ingressRate": 1_000_000_000u64, "ingressBurst": 100_000_000u64,
+                       "egressRate": 1_000_000_000u64, "egressBurst": 100_000_000u64 });
+    let ingress = json!({ "ingressRate": 1_000_000_000u64, "ingressBurst": 100_000_000u64 });
+    let egress = json!({ "egressRate": 1_000_000_000u64, "egressBurst": 100_000_000u64 });
+    for limits in [both, ingress, egress] {
+        let limited = node.new_pod().unwrap();
+        let mut sb = node.sandbox(limited);
+        sb.capability_args.insert("bandwidth".into(), limits.clone());
+        let err = rt.add(&list, &sb).unwrap_err().to_string();
+        assert!(err.contains("bandwidth") && err.contains("qdisc"), "{limits}: {err}");
+        assert_eq!(node.leftovers().unwrap(), Vec::<String>::new(), "{limits}");
+        let links = run_in(&node.node.name, "ip", &["-o", "link", "show"]).unwrap();
+        assert!(!String::from_utf8_lossy(&links.stdout).contains("bwp"), "{limits}: bandwidth's IFB outlived DEL");
+    }
     let rules = run_in(&node.node.name, "iptables-save", &[]).unwrap();
     assert!(!String::from_utf8_lossy(&rules.stdout).contains("8080"), "portmap's DNAT outlived DEL");
 }
