@@ -1,6 +1,7 @@
 //! Maps shared with the plugin, all BTF-typed (`#[btf_map]`) so bpftool prints field names.
 //! The plugin pins them per network; the sizes are documented on the constants in ebpf-common.
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
     macros::btf_map,
     programs::TcContext,
@@ -11,9 +12,14 @@ use ebpf_common::{
     POD_FLOWS_MAX_ENTRIES, PodFlows,
 };
 
+/// Hash maps whose entries are allocated when inserted: creating a preallocated map of 65,536
+/// entries took ~2 ms of a network's first ADD, and these see few inserts (ENDPOINTS: the
+/// plugin's, once per pod address; POD_FLOWS: the datapath's, once per masquerading pod).
+const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
+
 /// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
 #[btf_map]
-pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize }> = HashMap::new();
+pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize }, NO_PREALLOC> = HashMap::new();
 
 /// Masqueraded flows, both directions (see `snat.rs`, `rev_snat.rs`). LRU: a full map forgets the oldest flow.
 #[btf_map]
@@ -25,7 +31,7 @@ pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentEntry, { FRAGMENTS_MAX_ENT
 
 /// New masqueraded flows per pod in the current minute, by owner (see `pod_flows.rs`).
 #[btf_map]
-pub static POD_FLOWS: HashMap<u64, PodFlows, { POD_FLOWS_MAX_ENTRIES as usize }> = HashMap::new();
+pub static POD_FLOWS: HashMap<u64, PodFlows, { POD_FLOWS_MAX_ENTRIES as usize }, NO_PREALLOC> = HashMap::new();
 
 /// Flows the node's stack handled, keyed by their replies (see `steer.rs`). LRU.
 #[btf_map]

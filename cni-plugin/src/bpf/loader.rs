@@ -69,23 +69,20 @@ impl Datapath {
         let mut recorded: Array<_, DatapathConfig> = Array::try_from(ebpf.map_mut(names::SETTINGS).expect("pinned"))
             .cni(ErrorCode::INTERNAL, "SETTINGS has another layout")?;
         recorded.set(0, settings.config, 0).cni(ErrorCode::DATAPATH, "cannot record the settings")?;
+        // Only the programs the network attaches: the verifier's time is most of a first ADD,
+        // and a network without masquerade, or without IPv6, never runs the uplink's (IPv6) ones.
+        let uplink_programs = if settings.uplink.is_some() { uplink::programs_for(&settings.config) } else { &[] };
+        let wanted: Vec<&str> =
+            uplink_programs.iter().map(|&(name, _)| name).chain([names::TO_POD, names::FROM_POD]).collect();
+        verify_concurrently(&mut ebpf, &wanted)?;
         // Pinned before they are attached, so that a restarted load finds their filters.
-        for name in [
-            names::TO_UPLINK,
-            names::FROM_UPLINK,
-            names::TO_UPLINK6,
-            names::FROM_UPLINK6,
-            names::TO_POD,
-            names::FROM_POD,
-        ] {
-            let program = classifier(&mut ebpf, name)?;
-            program.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}"))?;
-            if name != names::FROM_POD {
-                program.pin(self.pins.program(name)).cni(ErrorCode::DATAPATH, format!("cannot pin {name}"))?;
-            }
+        for &name in wanted.iter().filter(|&&name| name != names::FROM_POD) {
+            classifier(&mut ebpf, name)?
+                .pin(self.pins.program(name))
+                .cni(ErrorCode::DATAPATH, format!("cannot pin {name}"))?;
         }
         if let Some(uplink) = &settings.uplink {
-            for &(name, direction) in uplink::programs_for(&settings.config) {
+            for &(name, direction) in uplink_programs {
                 if uplink::attach(classifier(&mut ebpf, name)?, uplink, direction)? {
                     self.mark_clsact_ours()?;
                 }
@@ -148,6 +145,29 @@ impl Datapath {
             Describe(wanted)
         )))
     }
+}
+
+/// Loads the named programs, one thread each: the kernel verifies root's programs in parallel,
+/// and on a node of a few CPUs that roughly halves the verifier's share of a first ADD (the
+/// longest, `to_uplink`, took as long as the three others together).
+fn verify_concurrently(ebpf: &mut Ebpf, names: &[&str]) -> CniResult<()> {
+    let mut programs: Vec<(&str, &mut SchedClassifier)> = Vec::new();
+    for (name, program) in ebpf.programs_mut().filter(|(name, _)| names.contains(name)) {
+        let classifier = program.try_into().cni(ErrorCode::INTERNAL, format!("{name} is not a classifier"))?;
+        programs.push((name, classifier));
+    }
+    if programs.len() != names.len() {
+        return Err(internal(format!("the object lacks one of the programs {names:?}")));
+    }
+    std::thread::scope(|scope| {
+        let loads: Vec<_> = programs
+            .into_iter()
+            .map(|(name, program)| {
+                scope.spawn(move || program.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}")))
+            })
+            .collect();
+        loads.into_iter().try_for_each(|load| load.join().unwrap_or_else(|_| Err(internal("a program load panicked"))))
+    })
 }
 
 fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> CniResult<&'a mut SchedClassifier> {

@@ -121,7 +121,13 @@ pub fn rows(pins: &Pins, interfaces: &Interfaces) -> Result<Vec<ProgramRow>> {
     for name in
         [names::FROM_POD, names::TO_POD, names::TO_UPLINK, names::FROM_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK6]
     {
-        let info = ProgramInfo::from_pin(pins.program(name)).with_context(|| format!("opening pinned {name}"))?;
+        // A network loads only the programs it attaches (no uplink ones without masquerade,
+        // no IPv6 uplink ones without IPv6).
+        let pin = pins.program(name);
+        if !pin.exists() {
+            continue;
+        }
+        let info = ProgramInfo::from_pin(&pin).with_context(|| format!("opening pinned {name}"))?;
         pinned.insert(info.id(), name);
     }
     let loaded: BTreeMap<u32, String> = loaded_programs()
