@@ -111,13 +111,7 @@ pub fn ask_tcp(netns: &str, to: impl Into<SocketAddr>) -> Result<SocketAddr> {
 /// server saw; a reply from any address but `to` never reaches the socket.
 pub fn ask_udp(netns: &str, to: impl Into<SocketAddr>) -> Result<SocketAddr> {
     let to = to.into();
-    let any = if to.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
-    let socket = in_netns(netns, move || {
-        let socket = UdpSocket::bind(SocketAddr::new(any, 0))?;
-        socket.connect(to)?;
-        socket.set_read_timeout(Some(FLOW_TIMEOUT))?;
-        Ok(socket)
-    })?;
+    let socket = connected_udp(netns, to)?;
     socket.send(b"hello")?;
     let mut buf = [0u8; 64];
     let n = socket.recv(&mut buf).map_err(|e| anyhow::anyhow!("no answer from {to}: {e}"))?;
@@ -147,16 +141,22 @@ pub fn frames_toward(frames: &[Vec<u8>], mac: [u8; 6], ip: Ipv4Addr) -> usize {
 /// destination's ICMP port unreachable makes it back to the sending socket (a connected UDP
 /// socket reports it as `ConnectionRefused`), i.e. the error was translated and steered right.
 pub fn port_unreachable(netns: &str, closed: SocketAddr) -> Result<()> {
-    let any: IpAddr = if closed.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
-    let socket = in_netns(netns, move || {
-        let socket = UdpSocket::bind(SocketAddr::new(any, 0))?;
-        socket.connect(closed)?;
-        socket.set_read_timeout(Some(FLOW_TIMEOUT))?;
-        Ok(socket)
-    })?;
+    let socket = connected_udp(netns, closed)?;
     socket.send(b"anyone?")?;
     match socket.recv(&mut [0u8; 16]) {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
         other => bail!("expected the endpoint's port unreachable, got {other:?}"),
     }
+}
+
+/// A UDP socket of `netns` on an ephemeral port, connected to `to`, reads timing out after
+/// [`FLOW_TIMEOUT`].
+fn connected_udp(netns: &str, to: SocketAddr) -> Result<UdpSocket> {
+    let any: IpAddr = if to.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    in_netns(netns, move || {
+        let socket = UdpSocket::bind(SocketAddr::new(any, 0))?;
+        socket.connect(to)?;
+        socket.set_read_timeout(Some(FLOW_TIMEOUT))?;
+        Ok(socket)
+    })
 }
