@@ -1,8 +1,9 @@
-//! `ebpf-cni install`: puts this binary into the node's CNI bin dir and writes the node's
-//! conflist from its pod CIDRs (IPv4, IPv6 or both: one IPAM range set each). Both files are
-//! written aside and renamed into place, so a runtime reading them at that moment sees the old
-//! file or the new one, never half of one; a conflist that would not change is left alone
-//! (kubelet reacts to every write).
+//! `ebpf-cni install`: puts this binary into the node's CNI bin dir, writes the node file (the
+//! node-level settings every network configuration is held to, `cni/node_conf.rs`) and then the
+//! node's conflist from its pod CIDRs (IPv4, IPv6 or both: one IPAM range set each). Each file is
+//! written aside and renamed into place, so a runtime reading it at that moment sees the old
+//! file or the new one, never half of one; a file that would not change is left alone (kubelet
+//! reacts to every conflist write).
 use std::{
     fs::{self, File},
     io::Write as _,
@@ -15,7 +16,14 @@ use clap::Args;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde_json::{Value, json};
 
-use crate::{cni::config::NetConf, ipam::Ipam, kube};
+use crate::{
+    cni::{
+        config::NetConf,
+        node_conf::{self, NodeConf},
+    },
+    ipam::Ipam,
+    kube,
+};
 
 /// The conflist's name: `10-` sorts it before most others, as kubelet uses the first one.
 pub const CONFLIST: &str = "10-ebpf-cni.conflist";
@@ -45,6 +53,13 @@ pub struct Install {
     /// The network name, as pins and IP reservations are filed under.
     #[arg(long, default_value = "ebpf-cni")]
     network: String,
+    /// The interface masqueraded traffic leaves by (the node file's `uplink`). Default: that of
+    /// the node's default route.
+    #[arg(long)]
+    uplink: Option<String>,
+    /// Where every network's plugin log lines go (the node file's `logFile`). Default: none.
+    #[arg(long)]
+    log_file: Option<PathBuf>,
     /// The binary to install. Default: the running one.
     #[arg(long)]
     binary: Option<PathBuf>,
@@ -64,24 +79,51 @@ pub fn run(args: Install) -> Result<()> {
             "note: --cluster-cidr has no IPv6 CIDR: the plugin takes this node's IPv6 pod CIDR for the cluster's"
         );
     }
+    let node_file = node_file(&args)?;
     let conflist = conflist(&args, &pod_cidrs, &cluster_cidrs)?;
     let source = match &args.binary {
         Some(path) => path.clone(),
         None => std::env::current_exe().context("finding the running binary")?,
     };
     let bin = args.root.join("opt/cni/bin/ebpf-cni");
-    let conf = args.root.join("etc/cni/net.d").join(CONFLIST);
     let bytes = fs::read(&source).with_context(|| format!("reading {}", source.display()))?;
     replace(&bin, &bytes, 0o755)?;
     println!("installed {}", bin.display());
-    let text = serde_json::to_string_pretty(&conflist)? + "\n";
-    if fs::read_to_string(&conf).is_ok_and(|old| old == text) {
-        println!("{} is up to date", conf.display());
+    // The node file before the conflist: no runtime sees this network unconfined.
+    let node_path = args.root.join(node_conf::DEFAULT_PATH.trim_start_matches('/'));
+    write_if_changed(&node_path, &node_file, "the node-level settings every network is held to")?;
+    let conf = args.root.join("etc/cni/net.d").join(CONFLIST);
+    write_if_changed(&conf, &conflist, &format!("pods get addresses from {}", pod_cidrs.joined()))?;
+    Ok(())
+}
+
+/// Writes `value` as pretty JSON unless the file holds exactly that already; root-owned, 0644.
+fn write_if_changed(path: &Path, value: &impl serde::Serialize, what: &str) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)? + "\n";
+    if fs::read_to_string(path).is_ok_and(|old| old == text) {
+        println!("{} is up to date", path.display());
     } else {
-        replace(&conf, text.as_bytes(), 0o644)?;
-        println!("wrote {} (pods get addresses from {})", conf.display(), pod_cidrs.joined());
+        replace(path, text.as_bytes(), 0o644)?;
+        println!("wrote {} ({what})", path.display());
     }
     Ok(())
+}
+
+/// The node file: this network is the primary one (the only one that may masquerade), and the
+/// node-level settings the flags give; the rest the plugin finds on the node.
+fn node_file(args: &Install) -> Result<NodeConf> {
+    if let Some(uplink) = args.uplink.as_deref().filter(|u| u.is_empty() || u.len() > 15 || u.contains('/')) {
+        bail!("--uplink {uplink:?} is not an interface name");
+    }
+    if args.log_file.as_ref().is_some_and(|f| !f.is_absolute()) {
+        bail!("--log-file must be an absolute path");
+    }
+    Ok(NodeConf {
+        primary_network: Some(args.network.clone()),
+        uplink: args.uplink.clone(),
+        log_file: args.log_file.clone(),
+        ..NodeConf::default()
+    })
 }
 
 /// At most one CIDR per address family, each normalised to its network address.

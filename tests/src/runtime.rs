@@ -46,6 +46,8 @@ pub struct Runtime {
     cni_path: Vec<PathBuf>,
     /// Cached ADD results by (container ID, ifname), as libcni keeps them on disk.
     cache: Mutex<HashMap<(String, String), Value>>,
+    /// `EBPF_CNI_NODE_CONF` for the plugins: the node file, as a node's runtime would give it.
+    node_conf: Option<String>,
 }
 
 impl Runtime {
@@ -56,7 +58,13 @@ impl Runtime {
             node_netns: tb.node.name.clone(),
             cni_path: vec![tb.plugin.dir(), PathBuf::from("/usr/lib/cni")],
             cache: Mutex::new(HashMap::new()),
+            node_conf: None,
         }
+    }
+
+    /// Plugins read the node file at `path` (ebpf-cni's trust boundary, `node.json`).
+    pub fn use_node_conf(&mut self, path: &std::path::Path) {
+        self.node_conf = Some(path.display().to_string());
     }
 
     /// Searches `dir` for plugins too (before the others), e.g. a fake IPAM plugin of a test.
@@ -143,6 +151,9 @@ impl Runtime {
         }
         let path = self.cni_path_env();
         let mut env = vec![("CNI_COMMAND", command), ("CNI_PATH", path.as_str())];
+        if let Some(node_conf) = &self.node_conf {
+            env.push(("EBPF_CNI_NODE_CONF", node_conf.as_str()));
+        }
         if let Some(sb) = sandbox {
             env.extend([
                 ("CNI_CONTAINERID", sb.container_id.as_str()),

@@ -56,7 +56,10 @@ fn installs_binary_and_conflist_into_a_root() {
     assert_eq!(plugin["ipMasq"], true);
     assert_eq!(plugin["clusterCIDR"], "10.251.0.0/16");
     assert_eq!(plugin["ipam"]["ranges"][0][0]["subnet"], "10.251.7.0/24");
-    for dir in ["opt/cni/bin", "etc/cni/net.d"] {
+    let node_file: Value =
+        serde_json::from_str(&fs::read_to_string(root.join("etc/ebpf-cni/node.json")).unwrap()).unwrap();
+    assert_eq!(node_file, json!({ "primaryNetwork": "ebpf-cni" }), "the masquerading network is the primary one");
+    for dir in ["opt/cni/bin", "etc/cni/net.d", "etc/ebpf-cni"] {
         let names: Vec<String> =
             fs::read_dir(root.join(dir)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         assert_eq!(names.len(), 1, "no temporary file left in {dir}: {names:?}");
@@ -65,13 +68,16 @@ fn installs_binary_and_conflist_into_a_root() {
     // Again: the binary is replaced (a new inode: running copies keep theirs), the conflist,
     // unchanged, is not rewritten.
     let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+    let node_path = root.join("etc/ebpf-cni/node.json");
     let (conf_inode, bin_inode) = (inode(&root.join("etc/cni/net.d/10-ebpf-cni.conflist")), inode(&installed));
+    let node_inode = inode(&node_path);
     let (ok, stdout, _) = install(
         &binary,
         &["--root", root_arg, "--pod-cidr", "10.251.7.0/24", "--cluster-cidr", "10.251.0.0/16", "--masquerade"],
     );
     assert!(ok && stdout.contains("up to date"), "{stdout}");
     assert_eq!(inode(&root.join("etc/cni/net.d/10-ebpf-cni.conflist")), conf_inode);
+    assert_eq!(inode(&node_path), node_inode);
     assert_ne!(inode(&installed), bin_inode);
 
     // A runtime with the installed binary first in CNI_PATH and the installed conflist (its
@@ -80,16 +86,22 @@ fn installs_binary_and_conflist_into_a_root() {
     assert_eq!(result["ips"][0]["address"], "10.251.7.2/24", "{result}");
 }
 
-/// ADD then DEL of a new pod by a runtime with the installed binary first in CNI_PATH and the
-/// installed conflist (its state redirected into the testbed instead of the machine's
-/// /var/lib/cni and bpffs); the ADD's result.
+/// ADD then DEL of a new pod by a runtime with the installed binary first in CNI_PATH, the
+/// installed conflist and the installed node file (their state redirected into the testbed
+/// instead of the machine's /var/lib/cni and bpffs: in the node file, which holds those
+/// settings); the ADD's result.
 fn add_with_installed(tb: &mut Testbed, root: &Path) -> Value {
     let mut list = conflist(root);
     list["plugins"][0]["ipMasq"] = json!(false);
-    list["plugins"][0]["bpffsRoot"] = json!(tb.bpffs_root());
-    list["plugins"][0]["ipam"]["dataDir"] = json!(tb.data_dir());
+    let mut node_file: Value =
+        serde_json::from_str(&fs::read_to_string(root.join("etc/ebpf-cni/node.json")).unwrap()).unwrap();
+    node_file["bpffsRoot"] = json!(tb.bpffs_root());
+    node_file["ipamDataDir"] = json!(tb.data_dir());
+    let node_path = tb.data_dir().with_file_name("node.json");
+    fs::write(&node_path, node_file.to_string()).unwrap();
     let mut runtime = Runtime::for_testbed(tb);
     runtime.search_first(root.join("opt/cni/bin"));
+    runtime.use_node_conf(&node_path);
     let list = runtime.load(&list).unwrap();
     let pod = tb.new_pod().unwrap();
     let sandbox: Sandbox = tb.sandbox(pod);

@@ -67,7 +67,7 @@ fn daemonset_runs_everywhere_with_what_it_needs() {
         .iter()
         .map(|m| (m["mountPath"].as_str().unwrap().to_string(), host_path(m["name"].as_str().unwrap())))
         .collect();
-    for dir in ["/opt/cni/bin", "/etc/cni/net.d"] {
+    for dir in ["/opt/cni/bin", "/etc/cni/net.d", "/etc/ebpf-cni"] {
         assert!(mounts.contains(&(format!("/host{dir}"), dir.to_string())), "{dir} mounted at /host{dir}: {mounts:?}");
     }
 }
@@ -125,9 +125,13 @@ fn the_installer_command_works_as_written() {
         .output()
         .unwrap();
     let conflist = std::fs::read_to_string(root.join("etc/cni/net.d/10-ebpf-cni.conflist"));
+    let node_file = std::fs::read_to_string(root.join("etc/ebpf-cni/node.json"));
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let conflist: Value = serde_json::from_str(&conflist.unwrap()).unwrap();
     assert_eq!(conflist["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.244.3.0/24");
     assert_eq!(conflist["plugins"][0]["ipMasq"], true);
+    // The masquerading network is the node file's primary one, or every ADD would be refused.
+    let node_file: Value = serde_json::from_str(&node_file.unwrap()).unwrap();
+    assert_eq!(node_file["primaryNetwork"], conflist["name"]);
 }

@@ -98,6 +98,7 @@ impl Setup<'_> {
         if ips.is_empty() {
             return Err(CniError::new(ErrorCode::INVALID_CONFIG, "IPAM gave the pod no address"));
         }
+        self.refuse_node_addresses(&ips).await?;
         let has_ipv6 = ips.iter().any(IpAddr::is_ipv6);
         let host_ifname = self.attachment.host_ifname();
         self.node
@@ -189,6 +190,23 @@ impl Setup<'_> {
 }
 
 impl Setup<'_> {
+    /// A pod holding one of the node's addresses (asked for with the `ips` capability or
+    /// `args`, or in a range written around it) would take the node's traffic for that address
+    /// into the pod: the datapath delivers to endpoints before the node's stack sees a packet.
+    async fn refuse_node_addresses(&self, ips: &[IpAddr]) -> CniResult<()> {
+        let held = self.node.all_addresses().await.cni(ErrorCode::IO, "cannot list the node's addresses")?;
+        let configured = self.conf.node_ip.map(IpAddr::V4).into_iter().chain(self.conf.node_ipv6.map(IpAddr::V6));
+        let mut node_addresses = held.iter().map(|(_, net)| net.ip()).chain(configured);
+        if let Some(taken) = node_addresses.find(|a| ips.contains(a)) {
+            return Err(CniError::new(
+                ErrorCode::INVALID_CONFIG,
+                format!("pod address {taken} is an address of the node"),
+            )
+            .with_details("a pod must not claim the node's addresses: fix the IPAM range or the requested IPs"));
+        }
+        Ok(())
+    }
+
     /// The `bandwidth` capability's limits as TBF qdiscs on the sending end of each direction:
     /// what the pod sends on its own interface (its stack feels the queue, so TCP settles at the
     /// rate instead of losing packets), what it receives on the host veth (the datapath delivers

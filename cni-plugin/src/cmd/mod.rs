@@ -17,6 +17,7 @@ use crate::cni::{
     CniError, CniResult, ErrorCode,
     config::NetConf,
     env::{CniEnv, Command},
+    node_conf::{Mismatch, NodeConf},
     version,
 };
 
@@ -89,8 +90,16 @@ fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
     if env.command == Command::Version {
         return Ok(Some(json!({ "cniVersion": version::asked(stdin), "supportedVersions": version::SUPPORTED })));
     }
-    let conf = NetConf::parse(stdin)?;
+    let mut conf = NetConf::parse(stdin)?;
+    let overridden = match NodeConf::load_default()? {
+        Some((path, node)) => {
+            let mismatch = if env.command == Command::Del { Mismatch::Override } else { Mismatch::Refuse };
+            node.confine(&path, &mut conf, mismatch)?
+        }
+        None => Vec::new(),
+    };
     crate::logging::configure(conf.log_level()?, conf.log_file.as_deref());
+    overridden.iter().for_each(|note| log::warn!("{note}"));
     version::allows(env.command, &conf.cni_version)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()

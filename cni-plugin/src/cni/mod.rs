@@ -5,6 +5,7 @@ pub mod env;
 pub mod error;
 #[cfg(test)]
 mod fuzz;
+pub mod node_conf;
 pub mod request;
 pub mod result;
 pub mod version;

@@ -29,6 +29,11 @@ pub struct Allocation {
     pub dns: Value,
 }
 
+/// Whether `ipam.type` is served in-process (its `dataDir` is then ours to write).
+pub fn is_built_in(kind: &str) -> bool {
+    BUILT_IN.contains(&kind)
+}
+
 pub enum Ipam {
     HostLocal(host_local::HostLocal),
     Delegated(delegate::Delegated),
@@ -38,7 +43,7 @@ impl Ipam {
     pub fn from_conf(conf: &NetConf, raw_conf: &[u8]) -> CniResult<Self> {
         let ipam = conf.ipam.as_ref().ok_or_else(|| CniError::new(ErrorCode::INVALID_CONFIG, "ipam is required"))?;
         let kind = ipam.get("type").and_then(Value::as_str).unwrap_or_default();
-        if BUILT_IN.contains(&kind) {
+        if is_built_in(kind) {
             Ok(Self::HostLocal(host_local::HostLocal::from_conf(&conf.name, ipam)?))
         } else if kind.is_empty() {
             Err(CniError::new(ErrorCode::INVALID_CONFIG, "ipam.type is required"))

@@ -264,7 +264,20 @@ impl Netlink {
 
     /// The addresses of a link (with their prefix lengths).
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>> {
-        let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();
+        Ok(self.list_addresses(Some(index)).await?.into_iter().map(|(_, net)| net).collect())
+    }
+
+    /// Every address of every link, with the link's index.
+    pub async fn all_addresses(&self) -> Result<Vec<(u32, IpNetwork)>> {
+        self.list_addresses(None).await
+    }
+
+    async fn list_addresses(&self, index: Option<u32>) -> Result<Vec<(u32, IpNetwork)>> {
+        let mut request = self.handle.address().get();
+        if let Some(index) = index {
+            request = request.set_link_index_filter(index);
+        }
+        let mut addresses = request.execute();
         let mut found = Vec::new();
         while let Some(msg) = addresses.try_next().await.context("listing addresses")? {
             let ip = msg.attributes.iter().find_map(|a| match a {
@@ -272,7 +285,7 @@ impl Netlink {
                 _ => None,
             });
             if let Some(net) = ip.and_then(|ip| IpNetwork::new(ip, msg.header.prefix_len).ok()) {
-                found.push(net);
+                found.push((msg.header.index, net));
             }
         }
         Ok(found)

@@ -1,0 +1,288 @@
+//! The node's own settings file, `/etc/ebpf-cni/node.json`: the trust boundary between the node
+//! and whoever may write a network configuration (with Multus, any namespace admin through a
+//! NetworkAttachmentDefinition; the network's name is theirs to choose, so it proves nothing).
+//! When the file exists, the settings that reach past a network's own pods come from it: a
+//! configuration may leave them out or repeat them, never change them; and only the node's
+//! primary network may masquerade (attach programs to the uplink). Without the file every
+//! configuration is trusted as the node's own, as before the file existed.
+use std::{
+    fs::File,
+    io::Read as _,
+    net::{Ipv4Addr, Ipv6Addr},
+    os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{CniError, CniResult, ErrorCode, config::NetConf};
+
+/// Written by `ebpf-cni install`. Not in `/etc/cni/net.d`: runtimes load every file there.
+pub const DEFAULT_PATH: &str = "/etc/ebpf-cni/node.json";
+
+/// Another path for the node file (tests, a node with its own layout). Set by the runtime,
+/// which is trusted; a network configuration cannot set it.
+pub const PATH_ENV: &str = "EBPF_CNI_NODE_CONF";
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeConf {
+    /// The one network that may set `ipMasq`. A configuration reusing this name shares that
+    /// network's datapath, whose settings an ADD cannot change (see `Datapath::ensure_loaded`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub primary_network: Option<String>,
+    /// Unset: the default route's interface, and configurations may not name one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uplink: Option<String>,
+    #[serde(rename = "nodeIP", skip_serializing_if = "Option::is_none")]
+    pub node_ip: Option<Ipv4Addr>,
+    #[serde(rename = "nodeIPv6", skip_serializing_if = "Option::is_none")]
+    pub node_ipv6: Option<Ipv6Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bpffs_root: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_file: Option<PathBuf>,
+    /// The built-in host-local IPAM's `dataDir`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipam_data_dir: Option<PathBuf>,
+}
+
+/// What a verb does with a configuration that changes a node-level setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mismatch {
+    /// ADD, CHECK, GC, STATUS: code 7, naming the setting and the node file.
+    Refuse,
+    /// DEL must be able to finish: the node's values replace the configuration's (so it acts
+    /// exactly as a well-behaved configuration would) and a warning is logged.
+    Override,
+}
+
+impl NodeConf {
+    /// The node file at `path`, or None when there is none. It must be a regular file owned by
+    /// root (or the plugin's user) that nobody else may write: otherwise it is no boundary.
+    pub fn load(path: &Path) -> CniResult<Option<Self>> {
+        let unusable =
+            |why: String| CniError::new(ErrorCode::INVALID_CONFIG, format!("node file {}: {why}", path.display()));
+        let mut file = match File::options().read(true).custom_flags(libc::O_NOFOLLOW).open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unusable(format!("cannot open it ({e})"))),
+        };
+        let meta = file.metadata().map_err(|e| unusable(e.to_string()))?;
+        let owners = [0, nix::unistd::geteuid().as_raw()];
+        if !meta.is_file() || !owners.contains(&meta.uid()) || meta.mode() & 0o022 != 0 {
+            return Err(unusable(format!(
+                "must be a regular file owned by root and writable by nobody else (uid {}, mode {:o})",
+                meta.uid(),
+                meta.mode() & 0o7777
+            )));
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(|e| unusable(e.to_string()))?;
+        serde_json::from_str(&text).map(Some).map_err(|e| unusable(format!("invalid: {e}")))
+    }
+
+    /// [`Self::load`] from `EBPF_CNI_NODE_CONF`, else [`DEFAULT_PATH`].
+    pub fn load_default() -> CniResult<Option<(PathBuf, Self)>> {
+        let path = std::env::var_os(PATH_ENV).map_or_else(|| PathBuf::from(DEFAULT_PATH), PathBuf::from);
+        Ok(Self::load(&path)?.map(|node| (path, node)))
+    }
+
+    /// Fills the node-level settings `conf` leaves out from the node file, and refuses (or, for
+    /// DEL, overrides) those it sets to anything else. Returns what was overridden, for the log
+    /// (which itself is configured from the confined settings).
+    pub fn confine(&self, path: &Path, conf: &mut NetConf, mismatch: Mismatch) -> CniResult<Vec<String>> {
+        let overridden = std::cell::RefCell::new(Vec::new());
+        let network = conf.name.clone();
+        let refuse = |key: &str, wanted: String, node: Option<String>| -> CniResult<()> {
+            let node = node.map_or_else(|| "leaves it to the node".into(), |v| format!("sets it to {v}"));
+            let msg = format!("{key} {wanted} is a node-level setting: the node file {} {node}", path.display());
+            match mismatch {
+                Mismatch::Refuse => Err(CniError::new(ErrorCode::INVALID_CONFIG, msg)
+                    .with_details(format!("leave {key} out of network {network:?}'s configuration"))),
+                Mismatch::Override => {
+                    overridden.borrow_mut().push(format!("{msg}; DEL uses the node's value"));
+                    Ok(())
+                }
+            }
+        };
+        confine_field(&mut conf.uplink, &self.uplink, |w, n| refuse("uplink", quoted(w), n.map(quoted)))?;
+        confine_field(&mut conf.node_ip, &self.node_ip, |w, n| {
+            refuse("nodeIP", w.to_string(), n.map(|n| n.to_string()))
+        })?;
+        confine_field(&mut conf.node_ipv6, &self.node_ipv6, |w, n| {
+            refuse("nodeIPv6", w.to_string(), n.map(|n| n.to_string()))
+        })?;
+        confine_field(&mut conf.bpffs_root, &self.bpffs_root, |w, n| {
+            refuse("bpffsRoot", shown(w), n.map(|n| shown(n)))
+        })?;
+        confine_field(&mut conf.log_file, &self.log_file, |w, n| refuse("logFile", shown(w), n.map(|n| shown(n))))?;
+        self.confine_data_dir(conf, &refuse)?;
+        if conf.ip_masq && self.primary_network.as_deref() != Some(conf.name.as_str()) {
+            let primary = self.primary_network.as_ref().map_or_else(|| "none".into(), |p| format!("{p:?}"));
+            let msg = format!(
+                "ipMasq: only the node's primary network may masquerade (the node file {} names {primary}, not {:?})",
+                path.display(),
+                conf.name
+            );
+            match mismatch {
+                Mismatch::Refuse => {
+                    return Err(CniError::new(ErrorCode::INVALID_CONFIG, msg)
+                        .with_details("masquerade attaches programs to the node's uplink"));
+                }
+                Mismatch::Override => {
+                    overridden.borrow_mut().push(format!("{msg}; DEL goes on without it"));
+                    conf.ip_masq = false;
+                }
+            }
+        }
+        Ok(overridden.into_inner())
+    }
+
+    /// host-local's `dataDir` (only the built-in one's: a delegated plugin's configuration is
+    /// that plugin's business).
+    fn confine_data_dir(&self, conf: &mut NetConf, refuse: &Refuse<'_>) -> CniResult<()> {
+        let Some(ipam) = conf.ipam.as_mut().and_then(Value::as_object_mut) else { return Ok(()) };
+        if !crate::ipam::is_built_in(ipam.get("type").and_then(Value::as_str).unwrap_or_default()) {
+            return Ok(());
+        }
+        let mut wanted = match ipam.get("dataDir") {
+            None => None,
+            Some(Value::String(dir)) => Some(PathBuf::from(dir)),
+            Some(other) => Some(PathBuf::from(other.to_string())),
+        };
+        confine_field(&mut wanted, &self.ipam_data_dir, |w, n| refuse("ipam.dataDir", shown(w), n.map(|n| shown(n))))?;
+        match wanted {
+            Some(dir) => ipam.insert("dataDir".into(), Value::String(dir.display().to_string())),
+            None => ipam.remove("dataDir"),
+        };
+        Ok(())
+    }
+}
+
+/// Told a key, the configuration's value and the node's: refuses, or notes the override.
+type Refuse<'a> = dyn Fn(&str, String, Option<String>) -> CniResult<()> + 'a;
+
+/// The node's value wins: it fills a gap, and replaces a different value after `differs` (which
+/// refuses, or lets the override happen) has been told.
+fn confine_field<T: Clone + PartialEq>(
+    field: &mut Option<T>,
+    node: &Option<T>,
+    differs: impl FnOnce(&T, Option<&T>) -> CniResult<()>,
+) -> CniResult<()> {
+    if let Some(wanted) = field.as_ref()
+        && node.as_ref() != Some(wanted)
+    {
+        differs(wanted, node.as_ref())?;
+    }
+    field.clone_from(node);
+    Ok(())
+}
+
+fn quoted(s: &String) -> String {
+    format!("{s:?}")
+}
+
+fn shown(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(extra: &str) -> NetConf {
+        let raw = format!(
+            r#"{{"cniVersion":"1.0.0","name":"nad","type":"ebpf-cni","ipam":{{"type":"host-local","subnet":"10.1.0.0/24"}}{extra}}}"#
+        );
+        NetConf::parse(raw.as_bytes()).unwrap()
+    }
+
+    fn node() -> NodeConf {
+        NodeConf {
+            primary_network: Some("ebpf-cni".into()),
+            uplink: Some("eth0".into()),
+            bpffs_root: Some("/sys/fs/bpf/ebpf-cni".into()),
+            ipam_data_dir: Some("/var/lib/cni/networks".into()),
+            ..NodeConf::default()
+        }
+    }
+
+    const PATH: &str = "/etc/ebpf-cni/node.json";
+
+    #[test]
+    fn omitted_settings_come_from_the_node_file() {
+        let mut c = conf("");
+        node().confine(Path::new(PATH), &mut c, Mismatch::Refuse).unwrap();
+        assert_eq!(c.uplink.as_deref(), Some("eth0"));
+        assert_eq!(c.bpffs_root(), PathBuf::from("/sys/fs/bpf/ebpf-cni"));
+        assert_eq!(c.ipam.unwrap()["dataDir"], "/var/lib/cni/networks");
+        assert_eq!(c.log_file, None);
+    }
+
+    #[test]
+    fn repeating_the_node_value_is_fine() {
+        let mut c = conf(r#","uplink":"eth0","bpffsRoot":"/sys/fs/bpf/ebpf-cni""#);
+        node().confine(Path::new(PATH), &mut c, Mismatch::Refuse).unwrap();
+    }
+
+    #[test]
+    fn a_different_value_is_refused_with_code_7_naming_key_and_file() {
+        for (extra, key) in [
+            (r#","uplink":"eth1""#, "uplink \"eth1\""),
+            (r#","nodeIP":"192.0.2.9""#, "nodeIP 192.0.2.9"),
+            (r#","nodeIPv6":"2001:db8::9""#, "nodeIPv6 2001:db8::9"),
+            (r#","bpffsRoot":"/sys/fs/bpf/elsewhere""#, "bpffsRoot /sys/fs/bpf/elsewhere"),
+            (r#","logFile":"/etc/shadow""#, "logFile /etc/shadow"),
+            (r#","ipam":{"type":"host-local","subnet":"10.1.0.0/24","dataDir":"/etc"}"#, "ipam.dataDir /etc"),
+        ] {
+            let err = node().confine(Path::new(PATH), &mut conf(extra), Mismatch::Refuse).unwrap_err();
+            assert_eq!(err.code, ErrorCode::INVALID_CONFIG, "{extra}");
+            assert!(err.msg.starts_with(key) && err.msg.contains(PATH), "{extra}: {}", err.msg);
+        }
+    }
+
+    #[test]
+    fn only_the_primary_network_may_masquerade() {
+        let err = node().confine(Path::new(PATH), &mut conf(r#","ipMasq":true"#), Mismatch::Refuse).unwrap_err();
+        assert!(err.msg.contains("only the node's primary network"), "{}", err.msg);
+        let mut primary = conf(r#","ipMasq":true"#);
+        primary.name = "ebpf-cni".into();
+        node().confine(Path::new(PATH), &mut primary, Mismatch::Refuse).unwrap();
+        assert!(primary.ip_masq);
+    }
+
+    #[test]
+    fn del_overrides_instead_of_refusing() {
+        let mut c = conf(r#","uplink":"eth1","bpffsRoot":"/tmp/x","ipMasq":true"#);
+        node().confine(Path::new(PATH), &mut c, Mismatch::Override).unwrap();
+        assert_eq!(
+            (c.uplink.as_deref(), c.bpffs_root(), c.ip_masq),
+            (Some("eth0"), "/sys/fs/bpf/ebpf-cni".into(), false)
+        );
+    }
+
+    #[test]
+    fn a_delegated_ipams_data_dir_is_left_alone() {
+        let mut c = conf(r#","ipam":{"type":"whereabouts","dataDir":"/x"}"#);
+        node().confine(Path::new(PATH), &mut c, Mismatch::Refuse).unwrap();
+        assert_eq!(c.ipam.unwrap()["dataDir"], "/x");
+    }
+
+    /// The README's example node file is one.
+    #[test]
+    fn the_readme_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let section = &readme[readme.find("### Trust model").unwrap()..];
+        let block = section.split("```json\n").nth(1).unwrap().split("```").next().unwrap();
+        let node: NodeConf = serde_json::from_str(block).unwrap();
+        assert_eq!(node.primary_network.as_deref(), Some("ebpf-cni"));
+        assert!(node.ipam_data_dir.is_some() && node.log_file.is_some() && node.node_ip.is_some());
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        assert!(serde_json::from_str::<NodeConf>(r#"{"uplinks":"eth0"}"#).is_err());
+    }
+}
