@@ -7,7 +7,7 @@
 use std::{
     fs::{self, File},
     io::Write as _,
-    os::unix::fs::PermissionsExt as _,
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -79,7 +79,7 @@ pub fn run(args: Install) -> Result<()> {
             "note: --cluster-cidr has no IPv6 CIDR: the plugin takes this node's IPv6 pod CIDR for the cluster's"
         );
     }
-    let node_file = node_file(&args)?;
+    let node_file = node_file(&args, &pod_cidrs, &cluster_cidrs)?;
     let conflist = conflist(&args, &pod_cidrs, &cluster_cidrs)?;
     let source = match &args.binary {
         Some(path) => path.clone(),
@@ -97,10 +97,14 @@ pub fn run(args: Install) -> Result<()> {
     Ok(())
 }
 
-/// Writes `value` as pretty JSON unless the file holds exactly that already; root-owned, 0644.
+/// Writes `value` as pretty JSON unless the file holds exactly that already, owned by this
+/// user (root) with mode 0644 (the plugin refuses a node file that others may write).
 fn write_if_changed(path: &Path, value: &impl serde::Serialize, what: &str) -> Result<()> {
     let text = serde_json::to_string_pretty(value)? + "\n";
-    if fs::read_to_string(path).is_ok_and(|old| old == text) {
+    let as_written = fs::symlink_metadata(path).is_ok_and(|m| {
+        m.is_file() && m.uid() == nix::unistd::geteuid().as_raw() && m.permissions().mode() & 0o7777 == 0o644
+    });
+    if as_written && fs::read_to_string(path).is_ok_and(|old| old == text) {
         println!("{} is up to date", path.display());
     } else {
         replace(path, text.as_bytes(), 0o644)?;
@@ -109,9 +113,10 @@ fn write_if_changed(path: &Path, value: &impl serde::Serialize, what: &str) -> R
     Ok(())
 }
 
-/// The node file: this network is the primary one (the only one that may masquerade), and the
-/// node-level settings the flags give; the rest the plugin finds on the node.
-fn node_file(args: &Install) -> Result<NodeConf> {
+/// The node file: this network is the primary one (the only one that may masquerade) with the
+/// conflist's `ipMasq` and `clusterCIDR`, pods take addresses from this node's pod CIDRs only,
+/// and the node-level settings the flags give; the rest the plugin finds on the node.
+fn node_file(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs) -> Result<NodeConf> {
     if let Some(uplink) = args.uplink.as_deref().filter(|u| u.is_empty() || u.len() > 15 || u.contains('/')) {
         bail!("--uplink {uplink:?} is not an interface name");
     }
@@ -120,6 +125,9 @@ fn node_file(args: &Install) -> Result<NodeConf> {
     }
     Ok(NodeConf {
         primary_network: Some(args.network.clone()),
+        ip_masq: Some(args.masquerade),
+        cluster_cidr: cluster_cidrs.iter().next().map(|_| cluster_cidrs.joined()),
+        pod_cidrs: Some(pod_cidrs.iter().collect()),
         uplink: args.uplink.clone(),
         log_file: args.log_file.clone(),
         ..NodeConf::default()

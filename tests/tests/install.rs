@@ -58,7 +58,11 @@ fn installs_binary_and_conflist_into_a_root() {
     assert_eq!(plugin["ipam"]["ranges"][0][0]["subnet"], "10.251.7.0/24");
     let node_file: Value =
         serde_json::from_str(&fs::read_to_string(root.join("etc/ebpf-cni/node.json")).unwrap()).unwrap();
-    assert_eq!(node_file, json!({ "primaryNetwork": "ebpf-cni" }), "the masquerading network is the primary one");
+    assert_eq!(
+        node_file,
+        json!({ "primaryNetwork": "ebpf-cni", "ipMasq": true, "clusterCIDR": "10.251.0.0/16", "podCIDRs": ["10.251.7.0/24"] }),
+        "the conflist's network is the primary one, with its datapath settings, and pods stay in the pod CIDR"
+    );
     for dir in ["opt/cni/bin", "etc/cni/net.d", "etc/ebpf-cni"] {
         let names: Vec<String> =
             fs::read_dir(root.join(dir)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
@@ -95,6 +99,7 @@ fn add_with_installed(tb: &mut Testbed, root: &Path) -> Value {
     list["plugins"][0]["ipMasq"] = json!(false);
     let mut node_file: Value =
         serde_json::from_str(&fs::read_to_string(root.join("etc/ebpf-cni/node.json")).unwrap()).unwrap();
+    node_file["ipMasq"] = json!(false);
     node_file["bpffsRoot"] = json!(tb.bpffs_root());
     node_file["ipamDataDir"] = json!(tb.data_dir());
     let node_path = tb.data_dir().with_file_name("node.json");

@@ -4,7 +4,7 @@
 //! interface, as podman insists), IPv4 and IPv6 between them, CHECK, DEL twice, and nothing left:
 //! not in the node, not in libcni's result cache. The driver is `tests/libcni-runtime`, built by
 //! `cargo xtask test` and named by `EBPF_CNI_LIBCNI_RUNTIME`.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ebpf_cni_tests::{CniOutput, Testbed, exec_binary, run_in};
 use serde_json::{Value, json};
@@ -31,7 +31,7 @@ fn runtime(test: &str) -> Option<PathBuf> {
 }
 
 /// One libcni call for `pod`, in the node's namespace, as a runtime on that node would make it.
-fn libcni(runtime: &PathBuf, tb: &Testbed, verb: &str, pod: usize, conflist: &Value, cache: &PathBuf) -> CniOutput {
+fn libcni(runtime: &Path, tb: &Testbed, verb: &str, pod: usize, conflist: &Value, cache: &Path) -> CniOutput {
     let request = json!({
         "verb": verb,
         "conflist": conflist,

@@ -64,7 +64,7 @@ impl Settings {
             config.node_pods_prefix6 = pods.prefix();
         }
         let log_level = conf.ebpf_log_level()?;
-        if !conf.ip_masq {
+        if !conf.masquerades() {
             return Ok(Self { config, uplink: None, log_level });
         }
         let (uplink, index) = uplink(conf, node).await?;

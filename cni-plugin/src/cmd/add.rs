@@ -98,7 +98,7 @@ impl Setup<'_> {
         if ips.is_empty() {
             return Err(CniError::new(ErrorCode::INVALID_CONFIG, "IPAM gave the pod no address"));
         }
-        self.refuse_node_addresses(&ips).await?;
+        self.refuse_foreign_addresses(&ips).await?;
         let has_ipv6 = ips.iter().any(IpAddr::is_ipv6);
         let host_ifname = self.attachment.host_ifname();
         self.node
@@ -190,19 +190,29 @@ impl Setup<'_> {
 }
 
 impl Setup<'_> {
-    /// A pod holding one of the node's addresses (asked for with the `ips` capability or
-    /// `args`, or in a range written around it) would take the node's traffic for that address
-    /// into the pod: the datapath delivers to endpoints before the node's stack sees a packet.
-    async fn refuse_node_addresses(&self, ips: &[IpAddr]) -> CniResult<()> {
+    /// A pod's address gets a host route through its veth, and the datapath delivers to
+    /// endpoints before the node's stack sees a packet: a pod holding an address the node has
+    /// (asked for with `ips` or `args`, or in a range written around it), or one outside the
+    /// node file's `podCIDRs`, would take that address's traffic from the node.
+    async fn refuse_foreign_addresses(&self, ips: &[IpAddr]) -> CniResult<()> {
+        let refuse = |ip: &IpAddr, why: String| {
+            Err(CniError::new(ErrorCode::INVALID_CONFIG, format!("pod address {ip} {why}"))
+                .with_details("fix the IPAM ranges or the requested IPs"))
+        };
+        if let Some(ip) = ips.iter().find(|ip| !is_unicast_global_or_private(ip)) {
+            return refuse(ip, "is not a unicast address a pod may hold (loopback, link-local, multicast…)".into());
+        }
+        if let Some(allowed) = &self.conf.allowed_pod_cidrs
+            && let Some(ip) = ips.iter().find(|ip| !allowed.iter().any(|cidr| cidr.contains(**ip)))
+        {
+            let list: Vec<String> = allowed.iter().map(|c| c.to_string()).collect();
+            return refuse(ip, format!("is outside the node file's podCIDRs ({})", list.join(", ")));
+        }
         let held = self.node.all_addresses().await.cni(ErrorCode::IO, "cannot list the node's addresses")?;
         let configured = self.conf.node_ip.map(IpAddr::V4).into_iter().chain(self.conf.node_ipv6.map(IpAddr::V6));
         let mut node_addresses = held.iter().map(|(_, net)| net.ip()).chain(configured);
         if let Some(taken) = node_addresses.find(|a| ips.contains(a)) {
-            return Err(CniError::new(
-                ErrorCode::INVALID_CONFIG,
-                format!("pod address {taken} is an address of the node"),
-            )
-            .with_details("a pod must not claim the node's addresses: fix the IPAM range or the requested IPs"));
+            return refuse(&taken, "is an address of the node".into());
         }
         Ok(())
     }
@@ -297,6 +307,17 @@ fn on_link_routes(allocation: &Allocation, routes: &[Route]) -> Vec<Route> {
         }
     }
     extra
+}
+
+/// Not loopback, link-local (169.254/16 holds cloud metadata services), multicast, broadcast or
+/// unspecified: none is an address a pod may hold.
+fn is_unicast_global_or_private(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            !(v4.is_loopback() || v4.is_link_local() || v4.is_multicast() || v4.is_broadcast() || v4.octets()[0] == 0)
+        }
+        IpAddr::V6(v6) => !(v6.is_loopback() || v6.is_unicast_link_local() || v6.is_multicast() || v6.is_unspecified()),
+    }
 }
 
 fn gone(name: &str) -> CniError {

@@ -94,7 +94,11 @@ fn dispatch(stdin: &[u8]) -> CniResult<Option<Value>> {
     let overridden = match NodeConf::load_default()? {
         Some((path, node)) => {
             let mismatch = if env.command == Command::Del { Mismatch::Override } else { Mismatch::Refuse };
-            node.confine(&path, &mut conf, mismatch)?
+            // A refused configuration is an attempt the node's own log should show.
+            node.confine(&path, &mut conf, mismatch).inspect_err(|_| {
+                let level = conf.log_level().unwrap_or(log::LevelFilter::Error).max(log::LevelFilter::Error);
+                crate::logging::configure(level, node.log_file.as_deref());
+            })?
         }
         None => Vec::new(),
     };

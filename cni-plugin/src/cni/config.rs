@@ -42,9 +42,9 @@ pub struct NetConf {
     pub ipam: Option<Value>,
     pub mtu: Option<u32>,
     /// Masquerade pod → outside traffic behind the node's address (in BPF; off by default, as
-    /// in `bridge`).
-    #[serde(default)]
-    pub ip_masq: bool,
+    /// in `bridge`). Kept optional so that the node file can tell "left out" from "false";
+    /// read it with [`NetConf::masquerades`].
+    pub ip_masq: Option<bool>,
     /// Pod addresses of all nodes, never masqueraded and forwarded between nodes as they are.
     /// Default: the subnet of the pod's address. Dual-stack as Kubernetes writes it, one CIDR
     /// per family: `"10.244.0.0/16,fd00:10:244::/56"`.
@@ -81,6 +81,9 @@ pub struct NetConf {
     pub runtime_config: Option<Value>,
     /// `args.cni.ips` / `args.cni.mac` (the CNI conventions' per-attachment arguments).
     pub args: Option<Value>,
+    /// The node file's `podCIDRs` (`node_conf.rs`): when set, every pod address must be in one.
+    #[serde(skip)]
+    pub allowed_pod_cidrs: Option<Vec<IpNetwork>>,
     /// GC: the attachments that are still in use; everything else of this network goes.
     #[serde(rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<AttachmentRef>>,
@@ -157,41 +160,16 @@ impl NetConf {
         Ok(self.cluster_cidrs()?.1)
     }
 
-    /// `clusterCIDR` split by family: one CIDR, or Kubernetes' comma-separated dual-stack form
-    /// (either order), each normalised to its network address whatever host bits were written.
-    fn cluster_cidrs(&self) -> CniResult<(Option<Ipv4Network>, Option<Ipv6Network>)> {
-        let (mut v4, mut v6) = (None, None);
-        let Some(text) = self.cluster_cidr.as_deref() else { return Ok((v4, v6)) };
-        let bad = |why: String| invalid(format!("clusterCIDR {text:?}: {why}"));
-        for part in text.split(',').map(str::trim) {
-            if part.is_empty() {
-                return Err(bad("an empty element (expected \"<IPv4 CIDR>,<IPv6 CIDR>\")".into()));
-            }
-            let net: IpNetwork = part.parse().map_err(|e| bad(format!("{part:?} is not a CIDR: {e}")))?;
-            let twice = match net {
-                IpNetwork::V4(n) => {
-                    v4.replace(Ipv4Network::new(n.network(), n.prefix()).expect("same prefix")).is_some()
-                }
-                IpNetwork::V6(n) => {
-                    v6.replace(Ipv6Network::new(n.network(), n.prefix()).expect("same prefix")).is_some()
-                }
-            };
-            if twice {
-                return Err(bad("at most one CIDR per address family".into()));
-            }
-        }
-        Ok((v4, v6))
+    fn cluster_cidrs(&self) -> CniResult<ClusterCidrs> {
+        self.cluster_cidr.as_deref().map_or(Ok((None, None)), parse_cluster_cidr)
     }
 
     pub fn masq_ports(&self) -> CniResult<RangeInclusive<u16>> {
-        let Some(text) = self.masq_port_range.as_deref() else { return Ok(DEFAULT_MASQ_PORTS) };
-        let bad = || invalid(format!("masqPortRange {text:?} must be \"min-max\" with 1 <= min <= max <= 65535"));
-        let (min, max) = text.split_once('-').ok_or_else(bad)?;
-        let (min, max): (u16, u16) = (min.trim().parse().map_err(|_| bad())?, max.trim().parse().map_err(|_| bad())?);
-        if min == 0 || min > max {
-            return Err(bad());
-        }
-        Ok(min..=max)
+        self.masq_port_range.as_deref().map_or(Ok(DEFAULT_MASQ_PORTS), parse_masq_ports)
+    }
+
+    pub fn masquerades(&self) -> bool {
+        self.ip_masq.unwrap_or(false)
     }
 
     pub fn log_level(&self) -> CniResult<LevelFilter> {
@@ -227,6 +205,41 @@ impl NetConf {
     }
 }
 
+/// `clusterCIDR`'s CIDRs by family.
+pub type ClusterCidrs = (Option<Ipv4Network>, Option<Ipv6Network>);
+
+/// `clusterCIDR` split by family: one CIDR, or Kubernetes' comma-separated dual-stack form
+/// (either order), each normalised to its network address whatever host bits were written.
+pub fn parse_cluster_cidr(text: &str) -> CniResult<ClusterCidrs> {
+    let (mut v4, mut v6) = (None, None);
+    let bad = |why: String| invalid(format!("clusterCIDR {text:?}: {why}"));
+    for part in text.split(',').map(str::trim) {
+        if part.is_empty() {
+            return Err(bad("an empty element (expected \"<IPv4 CIDR>,<IPv6 CIDR>\")".into()));
+        }
+        let net: IpNetwork = part.parse().map_err(|e| bad(format!("{part:?} is not a CIDR: {e}")))?;
+        let twice = match net {
+            IpNetwork::V4(n) => v4.replace(Ipv4Network::new(n.network(), n.prefix()).expect("same prefix")).is_some(),
+            IpNetwork::V6(n) => v6.replace(Ipv6Network::new(n.network(), n.prefix()).expect("same prefix")).is_some(),
+        };
+        if twice {
+            return Err(bad("at most one CIDR per address family".into()));
+        }
+    }
+    Ok((v4, v6))
+}
+
+/// `masqPortRange`: `"min-max"`.
+pub fn parse_masq_ports(text: &str) -> CniResult<RangeInclusive<u16>> {
+    let bad = || invalid(format!("masqPortRange {text:?} must be \"min-max\" with 1 <= min <= max <= 65535"));
+    let (min, max) = text.split_once('-').ok_or_else(bad)?;
+    let (min, max): (u16, u16) = (min.trim().parse().map_err(|_| bad())?, max.trim().parse().map_err(|_| bad())?);
+    if min == 0 || min > max {
+        return Err(bad());
+    }
+    Ok(min..=max)
+}
+
 fn invalid(msg: impl Into<String>) -> CniError {
     CniError::new(ErrorCode::INVALID_CONFIG, msg)
 }
@@ -247,7 +260,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.name, "n1");
         assert_eq!(c.bpffs_root(), PathBuf::from(DEFAULT_BPFFS_ROOT));
-        assert!(!c.ip_masq);
+        assert!(!c.masquerades());
         assert_eq!(c.masq_ports().unwrap(), DEFAULT_MASQ_PORTS);
         assert_eq!(c.log_level().unwrap(), LevelFilter::Error);
         assert_eq!(c.ebpf_log_level().unwrap(), 0);

@@ -2,9 +2,10 @@
 //! and whoever may write a network configuration (with Multus, any namespace admin through a
 //! NetworkAttachmentDefinition; the network's name is theirs to choose, so it proves nothing).
 //! When the file exists, the settings that reach past a network's own pods come from it: a
-//! configuration may leave them out or repeat them, never change them; and only the node's
-//! primary network may masquerade (attach programs to the uplink). Without the file every
-//! configuration is trusted as the node's own, as before the file existed.
+//! configuration may leave them out or repeat them, never change them; only the node's primary
+//! network may masquerade (attach programs to the uplink), with the datapath settings the node
+//! file gives it; and pod addresses stay inside the node file's `podCIDRs`. Without the file
+//! every configuration is trusted as the node's own, as before the file existed.
 use std::{
     fs::File,
     io::Read as _,
@@ -16,7 +17,12 @@ use std::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CniError, CniResult, ErrorCode, config::NetConf};
+use ipnetwork::IpNetwork;
+
+use super::{
+    CniError, CniResult, ErrorCode,
+    config::{self, NetConf},
+};
 
 /// Written by `ebpf-cni install`. Not in `/etc/cni/net.d`: runtimes load every file there.
 pub const DEFAULT_PATH: &str = "/etc/ebpf-cni/node.json";
@@ -28,10 +34,25 @@ pub const PATH_ENV: &str = "EBPF_CNI_NODE_CONF";
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeConf {
-    /// The one network that may set `ipMasq`. A configuration reusing this name shares that
-    /// network's datapath, whose settings an ADD cannot change (see `Datapath::ensure_loaded`).
+    /// The one network that may set `ipMasq`. Its `ipMasq` and `clusterCIDR` are node-level
+    /// too: whichever configuration of that name loads its datapath first (a
+    /// NetworkAttachmentDefinition may take the name) loads it with the node's settings.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub primary_network: Option<String>,
+    /// The primary network's `ipMasq`.
+    #[serde(rename = "ipMasq", skip_serializing_if = "Option::is_none")]
+    pub ip_masq: Option<bool>,
+    /// The primary network's `clusterCIDR`.
+    #[serde(rename = "clusterCIDR", skip_serializing_if = "Option::is_none")]
+    pub cluster_cidr: Option<String>,
+    /// Every network's `masqPortRange`: the ports of the node's own address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub masq_port_range: Option<String>,
+    /// Where pod addresses may come from, whatever the network: a pod's address gets a host
+    /// route through its veth, which would take that address's traffic from the node (another
+    /// node's pods, the API server, a LAN host). Unset: anywhere but the node's own addresses.
+    #[serde(rename = "podCIDRs", skip_serializing_if = "Option::is_none")]
+    pub pod_cidrs: Option<Vec<IpNetwork>>,
     /// Unset: the default route's interface, and configurations may not name one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uplink: Option<String>,
@@ -80,7 +101,22 @@ impl NodeConf {
         }
         let mut text = String::new();
         file.read_to_string(&mut text).map_err(|e| unusable(e.to_string()))?;
-        serde_json::from_str(&text).map(Some).map_err(|e| unusable(format!("invalid: {e}")))
+        let node: Self = serde_json::from_str(&text).map_err(|e| unusable(format!("invalid: {e}")))?;
+        node.validate().map_err(|e| unusable(e.msg))?;
+        Ok(Some(node))
+    }
+
+    fn validate(&self) -> CniResult<()> {
+        let invalid = |msg: &str| Err(CniError::new(ErrorCode::INVALID_CONFIG, msg));
+        if self.primary_network.is_none() && (self.ip_masq.is_some() || self.cluster_cidr.is_some()) {
+            return invalid("ipMasq and clusterCIDR are the primary network's: name it in primaryNetwork");
+        }
+        if self.log_file.as_ref().is_some_and(|f| !f.is_absolute()) {
+            return invalid("logFile must be an absolute path");
+        }
+        canonical_cluster_cidr(&self.cluster_cidr)?;
+        canonical_ports(&self.masq_port_range)?;
+        Ok(())
     }
 
     /// [`Self::load`] from `EBPF_CNI_NODE_CONF`, else [`DEFAULT_PATH`].
@@ -119,7 +155,20 @@ impl NodeConf {
         })?;
         confine_field(&mut conf.log_file, &self.log_file, |w, n| refuse("logFile", shown(w), n.map(|n| shown(n))))?;
         self.confine_data_dir(conf, &refuse)?;
-        if conf.ip_masq && self.primary_network.as_deref() != Some(conf.name.as_str()) {
+        conf.masq_port_range = canonical_ports(&conf.masq_port_range)?;
+        confine_field(&mut conf.masq_port_range, &canonical_ports(&self.masq_port_range)?, |w, n| {
+            refuse("masqPortRange", quoted(w), n.map(quoted))
+        })?;
+        conf.allowed_pod_cidrs.clone_from(&self.pod_cidrs);
+        if self.primary_network.as_deref() == Some(conf.name.as_str()) {
+            confine_field(&mut conf.ip_masq, &self.ip_masq, |w, n| {
+                refuse("ipMasq", w.to_string(), n.map(|n| n.to_string()))
+            })?;
+            conf.cluster_cidr = canonical_cluster_cidr(&conf.cluster_cidr)?;
+            confine_field(&mut conf.cluster_cidr, &canonical_cluster_cidr(&self.cluster_cidr)?, |w, n| {
+                refuse("clusterCIDR", quoted(w), n.map(quoted))
+            })?;
+        } else if conf.masquerades() {
             let primary = self.primary_network.as_ref().map_or_else(|| "none".into(), |p| format!("{p:?}"));
             let msg = format!(
                 "ipMasq: only the node's primary network may masquerade (the node file {} names {primary}, not {:?})",
@@ -133,7 +182,7 @@ impl NodeConf {
                 }
                 Mismatch::Override => {
                     overridden.borrow_mut().push(format!("{msg}; DEL goes on without it"));
-                    conf.ip_masq = false;
+                    conf.ip_masq = None;
                 }
             }
         }
@@ -180,6 +229,21 @@ fn confine_field<T: Clone + PartialEq>(
     Ok(())
 }
 
+/// `masqPortRange` as `min-max`, so that `"1024 - 29999"` repeats `"1024-29999"`.
+fn canonical_ports(text: &Option<String>) -> CniResult<Option<String>> {
+    let Some(text) = text else { return Ok(None) };
+    let ports = config::parse_masq_ports(text)?;
+    Ok(Some(format!("{}-{}", ports.start(), ports.end())))
+}
+
+/// `clusterCIDR` as network addresses, IPv4 first.
+fn canonical_cluster_cidr(text: &Option<String>) -> CniResult<Option<String>> {
+    let Some(text) = text else { return Ok(None) };
+    let (v4, v6) = config::parse_cluster_cidr(text)?;
+    let parts: Vec<String> = v4.map(|n| n.to_string()).into_iter().chain(v6.map(|n| n.to_string())).collect();
+    Ok(Some(parts.join(",")))
+}
+
 fn quoted(s: &String) -> String {
     format!("{s:?}")
 }
@@ -202,6 +266,10 @@ mod tests {
     fn node() -> NodeConf {
         NodeConf {
             primary_network: Some("ebpf-cni".into()),
+            ip_masq: Some(true),
+            cluster_cidr: Some("10.244.0.0/16".into()),
+            masq_port_range: Some("1024-29999".into()),
+            pod_cidrs: Some(vec!["10.1.0.0/24".parse().unwrap()]),
             uplink: Some("eth0".into()),
             bpffs_root: Some("/sys/fs/bpf/ebpf-cni".into()),
             ipam_data_dir: Some("/var/lib/cni/networks".into()),
@@ -244,13 +312,52 @@ mod tests {
     }
 
     #[test]
-    fn only_the_primary_network_may_masquerade() {
+    fn only_the_primary_network_may_masquerade_and_only_as_the_node_file_says() {
         let err = node().confine(Path::new(PATH), &mut conf(r#","ipMasq":true"#), Mismatch::Refuse).unwrap_err();
         assert!(err.msg.contains("only the node's primary network"), "{}", err.msg);
-        let mut primary = conf(r#","ipMasq":true"#);
-        primary.name = "ebpf-cni".into();
-        node().confine(Path::new(PATH), &mut primary, Mismatch::Refuse).unwrap();
-        assert!(primary.ip_masq);
+        node().confine(Path::new(PATH), &mut conf(r#","ipMasq":false"#), Mismatch::Refuse).unwrap();
+        let primary = |extra: &str| {
+            let mut c = conf(extra);
+            c.name = "ebpf-cni".into();
+            node().confine(Path::new(PATH), &mut c, Mismatch::Refuse).map(|_| c)
+        };
+        let omitted = primary("").unwrap();
+        assert!(omitted.masquerades(), "the node file's ipMasq");
+        assert_eq!(omitted.cluster_cidr.as_deref(), Some("10.244.0.0/16"));
+        primary(r#","ipMasq":true,"clusterCIDR":"10.244.9.9/16""#).unwrap();
+        for (extra, says) in [
+            (r#","ipMasq":false"#, "ipMasq false is a node-level setting"),
+            (r#","clusterCIDR":"10.0.0.0/8""#, "clusterCIDR \"10.0.0.0/8\""),
+        ] {
+            let err = primary(extra).unwrap_err();
+            assert!(err.msg.starts_with(says), "{extra}: {}", err.msg);
+        }
+    }
+
+    #[test]
+    fn masq_port_range_is_the_nodes_and_compared_as_a_range() {
+        node().confine(Path::new(PATH), &mut conf(r#","masqPortRange":"1024 - 29999""#), Mismatch::Refuse).unwrap();
+        let err = node().confine(Path::new(PATH), &mut conf(r#","masqPortRange":"1-65535""#), Mismatch::Refuse);
+        assert!(err.unwrap_err().msg.starts_with("masqPortRange \"1-65535\""));
+        let mut c = conf("");
+        node().confine(Path::new(PATH), &mut c, Mismatch::Refuse).unwrap();
+        assert_eq!((c.masq_port_range.as_deref(), c.allowed_pod_cidrs.unwrap().len()), (Some("1024-29999"), 1));
+    }
+
+    #[test]
+    fn a_node_file_is_validated() {
+        for text in [
+            r#"{"ipMasq":true}"#,
+            r#"{"primaryNetwork":"p","clusterCIDR":"10.0.0.0/33"}"#,
+            r#"{"masqPortRange":"9-1"}"#,
+            r#"{"logFile":"relative.log"}"#,
+            r#"{"podCIDRs":["10.0.0.0/8","banana"]}"#,
+        ] {
+            let parsed = serde_json::from_str::<NodeConf>(text)
+                .map_err(|e| e.to_string())
+                .and_then(|n| n.validate().map_err(|e| e.msg));
+            assert!(parsed.is_err(), "{text}");
+        }
     }
 
     #[test]
@@ -258,7 +365,7 @@ mod tests {
         let mut c = conf(r#","uplink":"eth1","bpffsRoot":"/tmp/x","ipMasq":true"#);
         node().confine(Path::new(PATH), &mut c, Mismatch::Override).unwrap();
         assert_eq!(
-            (c.uplink.as_deref(), c.bpffs_root(), c.ip_masq),
+            (c.uplink.as_deref(), c.bpffs_root(), c.masquerades()),
             (Some("eth0"), "/sys/fs/bpf/ebpf-cni".into(), false)
         );
     }
