@@ -21,6 +21,8 @@ pub(crate) struct Node {
     pub path: Path,
     tb: Testbed,
     conf: Value,
+    /// `EBPF_CNI_NODE_CONF`, once [`Node::preload`] wrote a node file.
+    node_conf: Option<String>,
     /// Pods attached now (`tb.pods` also holds the deleted ones' namespaces).
     attached: usize,
 }
@@ -40,23 +42,54 @@ impl Node {
         run_in(node, "ip", &["route", "add", "default", "via", "192.0.2.2"])?;
         let mut conf = path.conf(&tb, Family::V4);
         conf["ipMasq"] = serde_json::json!(true);
-        Ok(Self { path, tb, conf, attached: 0 })
+        Ok(Self { path, tb, conf, node_conf: None, attached: 0 })
+    }
+
+    /// What the DaemonSet does before a node's first pod: the installer's node file (this
+    /// network primary, masquerading, the pods' CIDR) and `ebpf-cni agent`, which loads the
+    /// network's datapath ahead (`--once` here: the routes part has no other node to route to).
+    pub fn preload(&mut self) -> Result<()> {
+        let path = self.tb.data_dir().with_file_name("node.json");
+        let node = serde_json::json!({
+            "primaryNetwork": self.tb.network,
+            "ipMasq": true,
+            "podCIDRs": [self.tb.subnet],
+            "bpffsRoot": self.tb.bpffs_root(),
+            "ipamDataDir": self.tb.data_dir(),
+        });
+        std::fs::write(&path, node.to_string())?;
+        let nodes = self.tb.data_dir().with_file_name("nodes.json");
+        std::fs::write(&nodes, r#"{"items": []}"#)?;
+        let (path, nodes) = (path.to_string_lossy().into_owned(), nodes.to_string_lossy().into_owned());
+        let root = self.tb.bpffs_root().to_string_lossy().into_owned();
+        let args =
+            ["agent", "--once", "--node", "n1", "--bpffs-root", &root, "--nodes-file", &nodes, "--node-conf", &path];
+        let out = run_in(&self.tb.node.name, &self.tb.plugin.binary.to_string_lossy(), &args)?;
+        ensure!(String::from_utf8_lossy(&out.stderr).contains("loaded network"), "the agent loaded nothing");
+        self.node_conf = Some(path);
+        Ok(())
     }
 
     /// ADDs one new pod; returns its index and the wall time in ms.
     pub fn add(&mut self) -> Result<(usize, f64)> {
         let pod = self.tb.new_pod()?;
-        let out = self.tb.cni("ADD", pod, &self.conf)?;
+        let out = self.verb("ADD", pod)?;
         ensure!(out.success, "{} ADD failed: {}", self.path.name(), out.stdout);
         self.attached += 1;
         Ok((pod, out.elapsed.as_secs_f64() * 1e3))
     }
 
     pub fn del(&mut self, pod: usize) -> Result<f64> {
-        let out = self.tb.cni("DEL", pod, &self.conf)?;
+        let out = self.verb("DEL", pod)?;
         ensure!(out.success, "{} DEL failed: {}", self.path.name(), out.stdout);
         self.attached -= 1;
         Ok(out.elapsed.as_secs_f64() * 1e3)
+    }
+
+    fn verb(&self, verb: &str, pod: usize) -> Result<ebpf_cni_tests::CniOutput> {
+        let netns = self.tb.pods[pod].netns_path();
+        let env: Vec<(&str, &str)> = self.node_conf.iter().map(|p| ("EBPF_CNI_NODE_CONF", p.as_str())).collect();
+        self.tb.cni_env(verb, pod, &self.conf, &netns, &env)
     }
 
     /// Lines of `iptables-save` in the node (rules, chains and table headers).
@@ -67,7 +100,7 @@ impl Node {
 }
 
 pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
-    let mut figures = vec![crate::cold::run(s, ours)?];
+    let mut figures = crate::cold::run(s, ours)?;
     let mut nodes = [Node::new(Path::EbpfCni, ours)?, Node::new(Path::Bridge, ours)?];
     let mut add_p50_by_level = Vec::new();
     for &level in &s.pod_levels {

@@ -56,6 +56,10 @@ fn daemonset_runs_everywhere_with_what_it_needs() {
         (Some("/sys/fs/bpf"), Some("Bidirectional"))
     );
 
+    // The agent reads the node file the installer wrote, to load the datapath ahead.
+    let node_conf = agent["volumeMounts"].as_array().unwrap().iter().find(|m| m["name"] == "node-conf").unwrap();
+    assert_eq!((node_conf["mountPath"].as_str(), node_conf["readOnly"].as_bool()), (Some("/etc/ebpf-cni"), Some(true)));
+
     // The installer's mounts put the host's CNI directories where `--root /host` writes.
     let host_path = |volume: &str| {
         let v = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == volume).unwrap();

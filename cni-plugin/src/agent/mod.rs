@@ -2,8 +2,10 @@
 //! via that node's InternalIP of the same family, which must be on a shared L2 segment; IPv4
 //! and, on dual-stack nodes, IPv6) in step with the cluster's Node objects, watched on the API
 //! server. Routes stay when the agent stops, so pods keep
-//! working through an agent restart or upgrade.
+//! working through an agent restart or upgrade. With a node file naming the primary network,
+//! it also keeps that network's datapath loaded ahead of its first pod (`preload.rs`).
 mod plan;
+mod preload;
 mod stats;
 mod sync;
 mod watch;
@@ -12,8 +14,12 @@ use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, thre
 
 use anyhow::Result;
 use clap::Args;
+use nix::sys::signal::{SigSet, Signal};
 
-use crate::{cni::config::DEFAULT_BPFFS_ROOT, kube};
+use crate::{
+    cni::{config::DEFAULT_BPFFS_ROOT, node_conf},
+    kube,
+};
 
 #[derive(Args)]
 pub struct Agent {
@@ -42,10 +48,21 @@ pub struct Agent {
     /// given.
     #[arg(long, value_name = "HOST:PORT", conflicts_with = "once")]
     metrics_addr: Option<SocketAddr>,
+    /// The node file (`ebpf-cni install` writes it): when it names the primary network and its
+    /// pod CIDRs, that network's datapath is loaded ahead of its first pod, checked again every
+    /// --interval, and unloaded on SIGTERM if no pod uses it.
+    #[arg(long, env = node_conf::PATH_ENV, default_value = node_conf::DEFAULT_PATH)]
+    node_conf: PathBuf,
 }
 
 pub fn run(args: Agent) -> Result<()> {
     crate::logging::configure(log::LevelFilter::Info, None);
+    // Before any thread starts, so that all inherit the mask and one thread takes the signal
+    // (a --once run keeps the default: it has nothing to undo).
+    let stop = SigSet::from_iter([Signal::SIGTERM, Signal::SIGINT]);
+    if !args.once {
+        stop.thread_block()?;
+    }
     match crate::bpf::mount_bpffs_if_missing(&args.bpffs_root) {
         Ok(Some(at)) => log::info!("bpffs was not mounted: mounted it on {}", at.display()),
         Ok(None) => {}
@@ -65,6 +82,14 @@ pub fn run(args: Agent) -> Result<()> {
     }
     let syncer = sync::Syncer::new(&args.node, stats)?;
     let interval = Duration::from_secs(args.interval);
+    let preload = preload::Preload::from_node_file(&args.node_conf).unwrap_or_else(|e| {
+        log::error!("cannot read the node file: {e:#}; no datapath is loaded ahead");
+        None
+    });
+    let preload = preload.map(Arc::new);
+    if let Some(preload) = &preload {
+        preload.ensure_logged();
+    }
     if args.once {
         let list = args.source.list()?;
         let changes = syncer.sync(&list.items.iter().collect::<Vec<_>>(), &mut BTreeSet::new(), None)?;
@@ -73,6 +98,23 @@ pub fn run(args: Agent) -> Result<()> {
         anyhow::ensure!(failures.is_empty(), "{} routes could not be set: {}", failures.len(), failures.join("; "));
         return Ok(());
     }
+    if let Some(preload) = preload.clone() {
+        // The last pod's DEL unloads the datapath: load it again before the next first pod.
+        std::thread::spawn(move || {
+            loop {
+                sleep(interval);
+                preload.ensure_logged();
+            }
+        });
+    }
+    std::thread::spawn(move || {
+        let signal = stop.wait();
+        log::info!("stopping on {}", signal.map_or("a signal", Signal::as_str));
+        if let Some(preload) = preload {
+            preload.unload_logged();
+        }
+        std::process::exit(0);
+    });
     if let Some(api) = args.source.api()? {
         watch::run(&api, &syncer, interval);
     }

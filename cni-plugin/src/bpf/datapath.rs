@@ -81,7 +81,7 @@ impl Datapath {
         self.pins.is_previous()
     }
 
-    pub(super) fn is_loaded(&self) -> bool {
+    pub fn is_loaded(&self) -> bool {
         // The program is pinned last, so its pin means maps and program are all there.
         self.pins.program(names::FROM_POD).exists()
     }

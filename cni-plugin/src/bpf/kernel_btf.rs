@@ -23,12 +23,11 @@ pub struct Hidden {
 }
 
 impl Hidden {
-    /// Hides the kernel's BTF from this thread when `object` has no CO-RE relocation, or
-    /// returns `None` (and the loader parses the BTF, slower but correct). The namespace
+    /// Hides the kernel's BTF from this thread unless the object `needs` it for CO-RE
+    /// relocations, or returns `None` (and the loader parses the BTF, slower but correct). The namespace
     /// belongs to the calling thread: the guard must be dropped on the thread that made it
     /// and never held across an `.await` (the plugin's runtime has one thread anyway).
-    pub fn unless_needed(object: &[u8]) -> Option<Self> {
-        let needed = aya_obj::Object::parse(object).map_or(true, |obj| obj.has_btf_relocations());
+    pub fn unless_needed(needed: bool) -> Option<Self> {
         if needed || !Path::new(KERNEL_BTF_DIR).exists() {
             return None;
         }

@@ -20,6 +20,17 @@ use crate::{
 /// The TC object built from `ebpf/`, with BTF, embedded at build time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ebpf-cni"));
 
+/// Whether `OBJECT` has CO-RE relocations, which need the kernel's BTF. Known when it is built
+/// (a unit test parses it), so a first ADD does not parse the object one more time to find out.
+const OBJECT_NEEDS_KERNEL_BTF: bool = false;
+
+/// The programs by the verifier's time, longest first (a first ADD on this machine, kernel
+/// 6.18: `to_uplink` 6.5 ms, `from_uplink` 3.3, `from_pod` 3.0, `to_pod` 0.5; the IPv6 uplink
+/// programs between). Verification starts in this order, so that the longest is not left to
+/// start last on a node of few CPUs.
+const VERIFY_ORDER: [&str; 6] =
+    [names::TO_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK, names::FROM_UPLINK6, names::FROM_POD, names::TO_POD];
+
 const MAPS: [&str; 8] = [
     names::ENDPOINTS,
     names::METRICS,
@@ -35,7 +46,14 @@ impl Datapath {
     /// Loads and pins the programs and maps unless an earlier ADD already did.
     pub async fn ensure_loaded(&self, settings: &Settings, node: &Netlink) -> CniResult<()> {
         if self.is_loaded() {
-            return self.check_settings(&settings.config);
+            let Err(refused) = self.check_settings(&settings.config) else { return Ok(()) };
+            // Loaded ahead of any pod (by the agent, or left by a pod's ADD that failed later)
+            // with settings this network's configuration does not have: with no pod to serve,
+            // the configuration wins, and this ADD is the network's first.
+            if !self.remove_if_unused(node).await? {
+                return Err(refused);
+            }
+            log::info!("no pod used the datapath loaded with other settings: loading it again with this ADD's");
         }
         self.refuse_other_layouts()?;
         // A load interrupted before the last pin leaves some pins behind, and maybe filters on
@@ -53,7 +71,7 @@ impl Datapath {
                 .cni(ErrorCode::DATAPATH, "cannot create pin directories")?;
         }
         let mut loader = {
-            let _hidden = kernel_btf::Hidden::unless_needed(OBJECT);
+            let _hidden = kernel_btf::Hidden::unless_needed(OBJECT_NEEDS_KERNEL_BTF);
             EbpfLoader::new()
         };
         let mut ebpf = loader
@@ -147,9 +165,10 @@ impl Datapath {
     }
 }
 
-/// Loads the named programs, one thread each: the kernel verifies root's programs in parallel,
-/// and on a node of a few CPUs that roughly halves the verifier's share of a first ADD (the
-/// longest, `to_uplink`, took as long as the three others together).
+/// Loads the named programs on as many threads as the node has CPUs, longest first
+/// (`VERIFY_ORDER`): the kernel verifies root's programs in parallel, and on a node of two CPUs
+/// that makes the verifier's share of a first ADD the longest program's, about, instead of
+/// their sum.
 fn verify_concurrently(ebpf: &mut Ebpf, names: &[&str]) -> CniResult<()> {
     let mut programs: Vec<(&str, &mut SchedClassifier)> = Vec::new();
     for (name, program) in ebpf.programs_mut().filter(|(name, _)| names.contains(name)) {
@@ -159,11 +178,20 @@ fn verify_concurrently(ebpf: &mut Ebpf, names: &[&str]) -> CniResult<()> {
     if programs.len() != names.len() {
         return Err(internal(format!("the object lacks one of the programs {names:?}")));
     }
+    // Popped from the end: the longest last in the vector.
+    programs.sort_by_key(|(name, _)| std::cmp::Reverse(VERIFY_ORDER.iter().position(|n| n == name)));
+    let workers = std::thread::available_parallelism().map_or(1, usize::from).min(programs.len());
+    let queue = std::sync::Mutex::new(programs);
+    let next = || queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
     std::thread::scope(|scope| {
-        let loads: Vec<_> = programs
-            .into_iter()
-            .map(|(name, program)| {
-                scope.spawn(move || program.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}")))
+        let loads: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    while let Some((name, program)) = next() {
+                        program.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}"))?;
+                    }
+                    Ok(())
+                })
             })
             .collect();
         loads.into_iter().try_for_each(|load| load.join().unwrap_or_else(|_| Err(internal("a program load panicked"))))
@@ -175,4 +203,27 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> CniResult<&'a mut SchedClas
         .ok_or_else(|| internal(format!("object has no program {name}")))?
         .try_into()
         .cni(ErrorCode::INTERNAL, format!("{name} is not a classifier"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_object_needs_kernel_btf_only_as_recorded() {
+        let object = aya_obj::Object::parse(OBJECT).unwrap();
+        assert_eq!(
+            object.has_btf_relocations(),
+            OBJECT_NEEDS_KERNEL_BTF,
+            "the object's CO-RE relocations changed: update OBJECT_NEEDS_KERNEL_BTF"
+        );
+    }
+
+    #[test]
+    fn every_program_has_its_place_in_the_verify_order() {
+        let object = aya_obj::Object::parse(OBJECT).unwrap();
+        for name in object.programs.keys() {
+            assert!(VERIFY_ORDER.contains(&name.as_str()), "{name} is not in VERIFY_ORDER");
+        }
+    }
 }

@@ -1,0 +1,111 @@
+//! The node's primary network, loaded ahead of its first pod. Loading a datapath (creating the
+//! flow tables, verifying the programs) is most of a network's first ADD; with the node file
+//! naming the primary network and its pod CIDRs, the agent does it at start, and again whenever
+//! it finds the datapath gone (the last pod's DEL unloads it), so that the first pod's ADD
+//! costs what any other costs. The settings are the ones that ADD would compute from the node
+//! file; a configuration that differs anyway loads its own while no pod uses the agent's
+//! (`Datapath::ensure_loaded`). On SIGTERM the agent unloads it again if no pod uses it, so
+//! that removing the DaemonSet leaves nothing loaded.
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
+use serde_json::json;
+
+use crate::{
+    bpf::{Datapath, Settings},
+    cni::{
+        config::NetConf,
+        node_conf::{Mismatch, NodeConf},
+    },
+    net::netlink::Netlink,
+};
+
+pub struct Preload {
+    /// The primary network's configuration as an ADD would see it once confined.
+    conf: NetConf,
+    pods_v4: Option<Ipv4Network>,
+    pods_v6: Option<Ipv6Network>,
+}
+
+impl Preload {
+    /// What to keep loaded, or None (and why, logged) when the node file at `path` does not say.
+    pub fn from_node_file(path: &Path) -> Result<Option<Self>> {
+        let node = NodeConf::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let Some(node) = node else {
+            log::info!("no node file at {}: no datapath is loaded ahead of the first pod", path.display());
+            return Ok(None);
+        };
+        let (Some(network), Some(pod_cidrs)) = (&node.primary_network, &node.pod_cidrs) else {
+            log::info!("the node file names no primaryNetwork and podCIDRs: no datapath is loaded ahead");
+            return Ok(None);
+        };
+        let raw =
+            json!({ "cniVersion": "1.0.0", "name": network, "type": "ebpf-cni", "ipam": { "type": "host-local" } });
+        let mut conf = NetConf::parse(raw.to_string().as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        node.confine(path, &mut conf, Mismatch::Refuse).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let pods_v4 = pod_cidrs.iter().find_map(|c| match c {
+            IpNetwork::V4(n) => Ipv4Network::new(n.network(), n.prefix()).ok(),
+            IpNetwork::V6(_) => None,
+        });
+        let pods_v6 = pod_cidrs.iter().find_map(|c| match c {
+            IpNetwork::V6(n) => Ipv6Network::new(n.network(), n.prefix()).ok(),
+            IpNetwork::V4(_) => None,
+        });
+        Ok(Some(Self { conf, pods_v4, pods_v6 }))
+    }
+
+    /// Loads the datapath unless one is loaded (whatever its settings: an ADD's wins); whether
+    /// it loaded it now.
+    pub fn ensure(&self) -> Result<bool> {
+        self.with_datapath(|datapath, node| async move {
+            if datapath.is_loaded() {
+                return Ok(false);
+            }
+            let settings = Settings::resolve(&self.conf, self.pods_v4, self.pods_v6, &node).await?;
+            datapath.ensure_loaded(&settings, &node).await?;
+            Ok(true)
+        })
+    }
+
+    /// Unloads the datapath if no pod uses it; whether it did.
+    pub fn unload_if_unused(&self) -> Result<bool> {
+        self.with_datapath(|datapath, node| async move { datapath.remove_if_unused(&node).await })
+    }
+
+    /// Runs `work` on the network's locked datapath, on a runtime of its own (the loader
+    /// enters a mount namespace of its own on the calling thread for a moment).
+    fn with_datapath<F, Fut>(&self, work: F) -> Result<bool>
+    where
+        F: FnOnce(Datapath, Netlink) -> Fut,
+        Fut: std::future::Future<Output = crate::cni::CniResult<bool>>,
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        runtime.block_on(async {
+            let root = self.conf.bpffs_root();
+            let describe = |e: crate::cni::CniError| anyhow::anyhow!("network {}: {e}", self.conf.name);
+            Datapath::mount_bpffs(&root).map_err(describe)?;
+            let datapath = Datapath::lock(&root, &self.conf.name).map_err(describe)?;
+            let node = Netlink::connect().context("opening netlink")?;
+            work(datapath, node).await.map_err(describe)
+        })
+    }
+
+    /// [`Self::ensure`], logged.
+    pub fn ensure_logged(&self) {
+        match self.ensure() {
+            Ok(true) => log::info!("loaded network {}'s datapath ahead of its first pod", self.conf.name),
+            Ok(false) => {}
+            Err(e) => log::error!("cannot load the datapath ahead: {e:#}"),
+        }
+    }
+
+    /// [`Self::unload_if_unused`], logged.
+    pub fn unload_logged(&self) {
+        match self.unload_if_unused() {
+            Ok(true) => log::info!("unloaded network {}'s datapath: no pod used it", self.conf.name),
+            Ok(false) => log::info!("network {}'s datapath stays: pods use it", self.conf.name),
+            Err(e) => log::error!("cannot unload the datapath: {e:#}"),
+        }
+    }
+}

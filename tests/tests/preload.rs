@@ -1,0 +1,131 @@
+//! The agent loads the primary network's datapath ahead of its first pod (from the node file),
+//! the first ADD then uses it as it is, a configuration with other settings replaces it while
+//! no pod uses it, the last DEL unloads it, and SIGTERM unloads it unless a pod uses it.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use ebpf_cni_tests::{Testbed, agent::RunningAgent};
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+use serde_json::{Value, json};
+
+/// The node file naming the testbed's network primary, with `pod_cidr`; the nodes file holding
+/// only this node; their paths.
+fn node_files(tb: &Testbed, pod_cidr: &str) -> (PathBuf, PathBuf) {
+    let node_conf = tb.data_dir().with_file_name("node.json");
+    let node = json!({
+        "primaryNetwork": tb.network,
+        "ipMasq": false,
+        "podCIDRs": [pod_cidr],
+        "bpffsRoot": tb.bpffs_root(),
+        "ipamDataDir": tb.data_dir(),
+    });
+    fs::write(&node_conf, node.to_string()).unwrap();
+    let nodes = tb.data_dir().with_file_name("nodes.json");
+    let list = json!({ "items": [{ "metadata": { "name": "n1" }, "spec": { "podCIDR": pod_cidr } }] });
+    fs::write(&nodes, list.to_string()).unwrap();
+    (node_conf, nodes)
+}
+
+/// `ebpf-cni agent --once` in the node's namespace with the node file: its stderr.
+fn agent_once(tb: &Testbed, node_conf: &Path, nodes: &Path) -> String {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", tb.node.name))
+        .arg(&tb.plugin.binary)
+        .args(["agent", "--once", "--node", "n1", "--bpffs-root"])
+        .args([tb.bpffs_root().as_path(), Path::new("--nodes-file"), nodes, Path::new("--node-conf"), node_conf])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+const LOADED: &str = "loaded network";
+
+/// The testbed's configuration with its node-level settings left to the node file.
+fn conf(tb: &Testbed) -> Value {
+    let mut conf = tb.conf("1.1.0");
+    conf.as_object_mut().unwrap().remove("bpffsRoot");
+    conf["ipam"].as_object_mut().unwrap().remove("dataDir");
+    conf
+}
+
+fn verb(tb: &Testbed, verb: &str, pod: usize, node_conf: &Path) -> Value {
+    let netns = tb.pods[pod].netns_path();
+    let out = tb.cni_env(verb, pod, &conf(tb), &netns, &[("EBPF_CNI_NODE_CONF", node_conf.to_str().unwrap())]).unwrap();
+    assert!(out.success, "{verb}: {} {}", out.stdout, out.stderr);
+    if out.stdout.trim().is_empty() { Value::Null } else { out.json() }
+}
+
+#[test]
+fn the_first_add_uses_the_datapath_the_agent_loaded_and_the_last_del_unloads_it() {
+    let test = "the_first_add_uses_the_datapath_the_agent_loaded_and_the_last_del_unloads_it";
+    let Some(mut tb) = Testbed::for_test(test, "pre", "10.215.0.0/24") else { return };
+    let (node_conf, nodes) = node_files(&tb, "10.215.0.0/24");
+    assert!(agent_once(&tb, &node_conf, &nodes).contains(LOADED));
+    let loaded = tb.program_id().unwrap();
+    let pod = tb.new_pod().unwrap();
+    verb(&tb, "ADD", pod, &node_conf);
+    assert_eq!(tb.program_id().unwrap(), loaded, "the first ADD loaded the datapath again");
+    assert!(tb.ping(&tb.node.name, "10.215.0.2"));
+    // A second run finds it loaded and leaves it.
+    assert!(!agent_once(&tb, &node_conf, &nodes).contains(LOADED));
+    assert_eq!(tb.program_id().unwrap(), loaded);
+    verb(&tb, "DEL", pod, &node_conf);
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+}
+
+/// The node file's pod CIDR (a /16 here) is not the configuration's range subnet (a /24), so the
+/// cluster CIDR each derives differs: the ADD loads its own instead of being refused.
+#[test]
+fn a_configuration_with_other_settings_replaces_an_unused_preload() {
+    let test = "a_configuration_with_other_settings_replaces_an_unused_preload";
+    let Some(mut tb) = Testbed::for_test(test, "prer", "10.214.1.0/24") else { return };
+    let (node_conf, nodes) = node_files(&tb, "10.214.0.0/16");
+    assert!(agent_once(&tb, &node_conf, &nodes).contains(LOADED));
+    let preloaded = tb.program_id().unwrap();
+    let pod = tb.new_pod().unwrap();
+    verb(&tb, "ADD", pod, &node_conf);
+    assert_ne!(tb.program_id().unwrap(), preloaded, "the ADD kept settings that are not its own");
+    let settings = tb.map_dump("SETTINGS").unwrap();
+    let settings = settings[0].get("formatted").unwrap_or(&settings[0]).clone();
+    assert_eq!(settings["value"]["cluster_prefix"], 24, "{settings}");
+    verb(&tb, "DEL", pod, &node_conf);
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn sigterm_unloads_the_preload_unless_a_pod_uses_it() {
+    let test = "sigterm_unloads_the_preload_unless_a_pod_uses_it";
+    let Some(mut tb) = Testbed::for_test(test, "pres", "10.213.0.0/24") else { return };
+    let (node_conf, nodes) = node_files(&tb, "10.213.0.0/24");
+    let args = ["--nodes-file", nodes.to_str().unwrap(), "--node-conf", node_conf.to_str().unwrap(), "--interval", "1"];
+    let pod = tb.new_pod().unwrap();
+    for with_pod in [false, true] {
+        let mut agent = RunningAgent::start(&tb, "n1", &args).unwrap();
+        let started = Instant::now();
+        while tb.program_id().is_err() {
+            assert!(started.elapsed() < Duration::from_secs(20), "nothing loaded: {}", agent.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if with_pod {
+            verb(&tb, "ADD", pod, &node_conf);
+        }
+        kill(Pid::from_raw(agent.child.id() as i32), Signal::SIGTERM).unwrap();
+        let status = agent.child.wait().unwrap();
+        assert!(status.success(), "{status:?}: {}", agent.log());
+        assert_eq!(tb.program_id().is_ok(), with_pod, "{}", agent.log());
+        if with_pod {
+            assert!(tb.ping(&tb.node.name, "10.213.0.2"), "the pod lost its network");
+            verb(&tb, "DEL", pod, &node_conf);
+        }
+        assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+    }
+}
