@@ -160,6 +160,14 @@ fn a_pod_cannot_take_an_address_of_the_node() {
     assert_eq!(out.code(), Some(7), "{} {}", out.stdout, out.stderr);
     assert!(out.json()["msg"].as_str().unwrap_or_default().contains("10.216.2.77 is an address of the node"));
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+    // The same for IPv6.
+    run_in(&tb.node.name, "ip", &["-6", "addr", "add", "fd00:216:2::77/128", "dev", "lo"]).unwrap();
+    let mut ipv6 = tb.conf("1.1.0");
+    ipv6["ipam"] = json!({ "type": "host-local", "subnet": "fd00:216:2::/64", "dataDir": tb.data_dir() });
+    let out = tb.cni_env("ADD", pod, &ipv6, &netns, &[("CNI_ARGS", "IP=fd00:216:2::77")]).unwrap();
+    assert_eq!(out.code(), Some(7), "{} {}", out.stdout, out.stderr);
+    assert!(out.json()["msg"].as_str().unwrap_or_default().contains("fd00:216:2::77 is an address of the node"));
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
     // Nor a link-local one, where clouds serve instance metadata, whatever the range says.
     let mut metadata = tb.conf("1.1.0");
     metadata["ipam"]["subnet"] = json!("169.254.169.0/24");

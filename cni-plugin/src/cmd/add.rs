@@ -208,11 +208,12 @@ impl Setup<'_> {
             let list: Vec<String> = allowed.iter().map(|c| c.to_string()).collect();
             return refuse(ip, format!("is outside the node file's podCIDRs ({})", list.join(", ")));
         }
-        let held = self.node.all_addresses().await.cni(ErrorCode::IO, "cannot list the node's addresses")?;
-        let configured = self.conf.node_ip.map(IpAddr::V4).into_iter().chain(self.conf.node_ipv6.map(IpAddr::V6));
-        let mut node_addresses = held.iter().map(|(_, net)| net.ip()).chain(configured);
-        if let Some(taken) = node_addresses.find(|a| ips.contains(a)) {
-            return refuse(&taken, "is an address of the node".into());
+        let configured = [self.conf.node_ip.map(IpAddr::V4), self.conf.node_ipv6.map(IpAddr::V6)];
+        for ip in ips {
+            let local = self.node.is_local_address(*ip).await.cni(ErrorCode::IO, "cannot look up the pod's address")?;
+            if local || configured.contains(&Some(*ip)) {
+                return refuse(ip, "is an address of the node".into());
+            }
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use rtnetlink::{
         AddressFamily,
         address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope},
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
-        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
+        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope, RouteType},
         tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcOption},
     },
 };
@@ -264,20 +264,7 @@ impl Netlink {
 
     /// The addresses of a link (with their prefix lengths).
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>> {
-        Ok(self.list_addresses(Some(index)).await?.into_iter().map(|(_, net)| net).collect())
-    }
-
-    /// Every address of every link, with the link's index.
-    pub async fn all_addresses(&self) -> Result<Vec<(u32, IpNetwork)>> {
-        self.list_addresses(None).await
-    }
-
-    async fn list_addresses(&self, index: Option<u32>) -> Result<Vec<(u32, IpNetwork)>> {
-        let mut request = self.handle.address().get();
-        if let Some(index) = index {
-            request = request.set_link_index_filter(index);
-        }
-        let mut addresses = request.execute();
+        let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();
         let mut found = Vec::new();
         while let Some(msg) = addresses.try_next().await.context("listing addresses")? {
             let ip = msg.attributes.iter().find_map(|a| match a {
@@ -285,10 +272,27 @@ impl Netlink {
                 _ => None,
             });
             if let Some(net) = ip.and_then(|ip| IpNetwork::new(ip, msg.header.prefix_len).ok()) {
-                found.push((msg.header.index, net));
+                found.push(net);
             }
         }
         Ok(found)
+    }
+
+    /// Whether `ip` is one of the node's own addresses: the kernel's route to it is a local
+    /// one. One lookup, however many interfaces (and link-local addresses of host veths) the
+    /// node has, where a dump of every address grows with the pods.
+    pub async fn is_local_address(&self, ip: IpAddr) -> Result<bool> {
+        let request = match ip {
+            IpAddr::V4(v4) => RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v4, 32).build(),
+            IpAddr::V6(v6) => RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(v6, 128).build(),
+        };
+        let mut answer = self.handle.route().get(request).execute();
+        match answer.try_next().await {
+            Ok(route) => Ok(route.is_some_and(|r| r.header.kind == RouteType::Local)),
+            // No route at all: not the node's either.
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENETUNREACH => Ok(false),
+            Err(e) => Err(e).with_context(|| format!("looking up the route to {ip}")),
+        }
     }
 
     /// Routes of the main table, both families, that leave by `index`.
