@@ -71,6 +71,18 @@ fn the_first_add_uses_the_datapath_the_agent_loaded_and_the_last_del_unloads_it(
     let (node_conf, nodes) = node_files(&tb, "10.215.0.0/24");
     assert!(agent_once(&tb, &node_conf, &nodes).contains(LOADED));
     let loaded = tb.program_id().unwrap();
+    // Loaded and podless, it is listed like any network's datapath.
+    let out = Command::new(&tb.plugin.binary)
+        .args(["inspect", "settings", "--network", &tb.network, "--bpffs-root", tb.bpffs_root().to_str().unwrap()])
+        .args(["--netns", &format!("/run/netns/{}", tb.node.name)])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && listed.contains("10.215.0.0/24"),
+        "{listed} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pod = tb.new_pod().unwrap();
     verb(&tb, "ADD", pod, &node_conf);
     assert_eq!(tb.program_id().unwrap(), loaded, "the first ADD loaded the datapath again");
