@@ -24,7 +24,7 @@ use ebpf_cni_tests::{
     runtime::{Runtime, Sandbox},
     traffic,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The pings of the upgrade window: one every 50 ms for 3 s, longer than the upgrade's steps.
 const PINGS: u32 = 60;
@@ -128,6 +128,7 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     let tb = &mut c.nodes[0];
     let (old_a, old_b, old_c, fresh) =
         (tb.new_pod().unwrap(), tb.new_pod().unwrap(), tb.new_pod().unwrap(), tb.new_pod().unwrap());
+    let limited = tb.new_pod().unwrap();
     let mut rt = Runtime::for_testbed(tb);
     let list = rt.load(&tb.conflist("1.1.0", vec![])).unwrap();
     let sandboxes: Vec<Sandbox> = (0..4).map(|pod| tb.sandbox(pod)).collect();
@@ -187,6 +188,18 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
         .unwrap();
     assert!(settings.status.success(), "inspect reads the previous layout's pins: {settings:?}");
     let upgrade_took = window.elapsed();
+
+    // An ingress limit needs this build's datapath (delivery through the host veth, flagged in
+    // `ENDPOINTS`): refused with code 102 while the previous one runs, and nothing is left of it.
+    let mut limited_sandbox = tb.sandbox(limited);
+    let limit = json!({ "ingressRate": 40_000_000u64, "ingressBurst": 400_000u64 });
+    limited_sandbox.capability_args.insert("bandwidth".into(), limit);
+    let mut shaped = tb.conflist("1.1.0", vec![]);
+    shaped["plugins"][0]["capabilities"] = json!({ "bandwidth": true });
+    let shaped = rt.load(&shaped).unwrap();
+    let refused = format!("{:#}", rt.add(&shaped, &limited_sandbox).unwrap_err());
+    assert!(refused.contains("\"code\":102") && refused.contains("previous release's datapath"), "{refused}");
+    assert_eq!(tb.host_veths().unwrap().len(), 3, "the refused pod left its veth");
 
     let (sent, answered) = finish_pings(pings).unwrap();
     stop.store(true, Ordering::Relaxed);
