@@ -114,7 +114,7 @@ fn write_if_changed(path: &Path, value: &impl serde::Serialize, what: &str) -> R
 }
 
 /// The node file: this network is the primary one (the only one that may masquerade) with the
-/// conflist's `ipMasq` and `clusterCIDR`, pods take addresses from this node's pod CIDRs only,
+/// conflist's `ipMasq` and `clusterCIDR` (the pod CIDRs when none is given), pods take addresses from this node's pod CIDRs only,
 /// and the node-level settings the flags give; the rest the plugin finds on the node.
 fn node_file(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs) -> Result<NodeConf> {
     if let Some(uplink) = args.uplink.as_deref().filter(|u| u.is_empty() || u.len() > 15 || u.contains('/')) {
@@ -126,7 +126,9 @@ fn node_file(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs) -> Result
     Ok(NodeConf {
         primary_network: Some(args.network.clone()),
         ip_masq: Some(args.masquerade),
-        cluster_cidr: cluster_cidrs.iter().next().map(|_| cluster_cidrs.joined()),
+        // What the network's first ADD takes when the conflist has none, the pod CIDRs, written
+        // out: a configuration taking the network's name cannot load it with a narrower one.
+        cluster_cidr: Some(if cluster_cidrs.iter().next().is_some() { cluster_cidrs } else { pod_cidrs }.joined()),
         pod_cidrs: Some(pod_cidrs.iter().collect()),
         uplink: args.uplink.clone(),
         log_file: args.log_file.clone(),

@@ -87,6 +87,18 @@ pub fn run(args: Agent) -> Result<()> {
         None
     });
     let preload = preload.map(Arc::new);
+    if !args.once {
+        // Before the first preload, so that a SIGTERM meanwhile waits for it, then undoes it.
+        let preload = preload.clone();
+        std::thread::spawn(move || {
+            let signal = stop.wait();
+            log::info!("stopping on {}", signal.map_or("a signal", Signal::as_str));
+            match preload {
+                Some(preload) => preload.unload_and_exit(),
+                None => std::process::exit(0),
+            }
+        });
+    }
     if let Some(preload) = &preload {
         preload.ensure_logged();
     }
@@ -98,7 +110,7 @@ pub fn run(args: Agent) -> Result<()> {
         anyhow::ensure!(failures.is_empty(), "{} routes could not be set: {}", failures.len(), failures.join("; "));
         return Ok(());
     }
-    if let Some(preload) = preload.clone() {
+    if let Some(preload) = preload {
         // The last pod's DEL unloads the datapath: load it again before the next first pod.
         std::thread::spawn(move || {
             loop {
@@ -107,14 +119,6 @@ pub fn run(args: Agent) -> Result<()> {
             }
         });
     }
-    std::thread::spawn(move || {
-        let signal = stop.wait();
-        log::info!("stopping on {}", signal.map_or("a signal", Signal::as_str));
-        if let Some(preload) = preload {
-            preload.unload_logged();
-        }
-        std::process::exit(0);
-    });
     if let Some(api) = args.source.api()? {
         watch::run(&api, &syncer, interval);
     }

@@ -68,11 +68,6 @@ impl Preload {
         })
     }
 
-    /// Unloads the datapath if no pod uses it; whether it did.
-    pub fn unload_if_unused(&self) -> Result<bool> {
-        self.with_datapath(|datapath, node| async move { datapath.remove_if_unused(&node).await })
-    }
-
     /// Runs `work` on the network's locked datapath, on a runtime of its own (the loader
     /// enters a mount namespace of its own on the calling thread for a moment).
     fn with_datapath<F, Fut>(&self, work: F) -> Result<bool>
@@ -100,12 +95,22 @@ impl Preload {
         }
     }
 
-    /// [`Self::unload_if_unused`], logged.
-    pub fn unload_logged(&self) {
-        match self.unload_if_unused() {
-            Ok(true) => log::info!("unloaded network {}'s datapath: no pod used it", self.conf.name),
-            Ok(false) => log::info!("network {}'s datapath stays: pods use it", self.conf.name),
-            Err(e) => log::error!("cannot unload the datapath: {e:#}"),
+    /// Unloads the datapath if no pod uses it, and ends the agent while still holding the
+    /// network's lock: a preload of the interval's thread that waits for it never starts, so
+    /// nothing is left half loaded.
+    pub fn unload_and_exit(&self) -> ! {
+        let name = &self.conf.name;
+        let locked = self.with_datapath(|datapath, node| async move {
+            match datapath.remove_if_unused(&node).await {
+                Ok(true) => log::info!("unloaded network {name}'s datapath: no pod used it"),
+                Ok(false) => log::info!("network {name}'s datapath stays: pods use it"),
+                Err(e) => log::error!("cannot unload network {name}'s datapath: {e}"),
+            }
+            std::process::exit(0)
+        });
+        if let Err(e) = locked {
+            log::error!("cannot unload the datapath: {e:#}");
         }
+        std::process::exit(0)
     }
 }

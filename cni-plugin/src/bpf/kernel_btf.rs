@@ -52,10 +52,11 @@ impl Hidden {
 
 impl Drop for Hidden {
     fn drop(&mut self) {
-        // Failing here leaves the process in its private copy, which holds the same bpffs and
-        // files as the node's: harmless for the rest of this short-lived process.
+        // Failing here leaves this thread in its private copy, which holds the same bpffs and
+        // files as the node's but not mounts made later: harmless for the plugin, which exits
+        // soon; the agent's thread stays there, so it is an error.
         if let Err(e) = setns(&self.original, CloneFlags::CLONE_NEWNS) {
-            log::warn!("cannot return to the node's mount namespace: {e}");
+            log::error!("cannot return to the node's mount namespace: {e}");
         }
         if let Some(cwd) = &self.cwd {
             let _ = nix::unistd::fchdir(cwd);

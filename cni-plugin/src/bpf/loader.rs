@@ -49,8 +49,9 @@ impl Datapath {
             let Err(refused) = self.check_settings(&settings.config) else { return Ok(()) };
             // Loaded ahead of any pod (by the agent, or left by a pod's ADD that failed later)
             // with settings this network's configuration does not have: with no pod to serve,
-            // the configuration wins, and this ADD is the network's first.
-            if !self.remove_if_unused(node).await? {
+            // the configuration wins, and this ADD is the network's first. Not the previous
+            // release's: these pins are its directory, which this build's must not take over.
+            if self.pins.is_previous() || !self.remove_if_unused(node).await? {
                 return Err(refused);
             }
             log::info!("no pod used the datapath loaded with other settings: loading it again with this ADD's");

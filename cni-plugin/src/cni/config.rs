@@ -182,13 +182,7 @@ impl NetConf {
 
     /// The value of aya-log's `AYA_LOG_LEVEL` global: 0 off, 1 error … 5 trace.
     pub fn ebpf_log_level(&self) -> CniResult<u8> {
-        const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-        let text = self.ebpf_log_level.as_deref().unwrap_or("off");
-        let level = LEVELS
-            .iter()
-            .position(|l| *l == text)
-            .ok_or_else(|| invalid(format!("ebpfLogLevel {text:?} is not one of {}", LEVELS.join(", "))))?;
-        Ok(level as u8)
+        parse_ebpf_log_level(self.ebpf_log_level.as_deref().unwrap_or("off"))
     }
 
     /// GC's list of attachments in use, under whichever key the runtime used.
@@ -227,6 +221,16 @@ pub fn parse_cluster_cidr(text: &str) -> CniResult<ClusterCidrs> {
         }
     }
     Ok((v4, v6))
+}
+
+/// `ebpfLogLevel` as aya-log's `AYA_LOG_LEVEL`: 0 off, 1 error … 5 trace.
+pub fn parse_ebpf_log_level(text: &str) -> CniResult<u8> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let level = LEVELS
+        .iter()
+        .position(|l| *l == text)
+        .ok_or_else(|| invalid(format!("ebpfLogLevel {text:?} is not one of {}", LEVELS.join(", "))))?;
+    Ok(level as u8)
 }
 
 /// `masqPortRange`: `"min-max"`.

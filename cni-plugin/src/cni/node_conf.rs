@@ -4,7 +4,8 @@
 //! When the file exists, the settings that reach past a network's own pods come from it: a
 //! configuration may leave them out or repeat them, never change them; only the node's primary
 //! network may masquerade (attach programs to the uplink), with the datapath settings the node
-//! file gives it; and pod addresses stay inside the node file's `podCIDRs`. Without the file
+//! file gives it (so that whoever loads it first, the agent ahead of the first pod or any
+//! configuration of that name, loads the same); and pod addresses stay inside the node file's `podCIDRs`. Without the file
 //! every configuration is trusted as the node's own, as before the file existed.
 use std::{
     fs::File,
@@ -45,6 +46,12 @@ pub struct NodeConf {
     /// The primary network's `clusterCIDR`.
     #[serde(rename = "clusterCIDR", skip_serializing_if = "Option::is_none")]
     pub cluster_cidr: Option<String>,
+    /// The primary network's `masqPodFlowsPerMinute`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub masq_pod_flows_per_minute: Option<u32>,
+    /// The primary network's `ebpfLogLevel` (the agent loads its datapath with it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ebpf_log_level: Option<String>,
     /// Every network's `masqPortRange`: the ports of the node's own address.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub masq_port_range: Option<String>,
@@ -108,8 +115,20 @@ impl NodeConf {
 
     fn validate(&self) -> CniResult<()> {
         let invalid = |msg: &str| Err(CniError::new(ErrorCode::INVALID_CONFIG, msg));
-        if self.primary_network.is_none() && (self.ip_masq.is_some() || self.cluster_cidr.is_some()) {
-            return invalid("ipMasq and clusterCIDR are the primary network's: name it in primaryNetwork");
+        let primary_only = [
+            self.ip_masq.is_some(),
+            self.cluster_cidr.is_some(),
+            self.masq_pod_flows_per_minute.is_some(),
+            self.ebpf_log_level.is_some(),
+        ];
+        if self.primary_network.is_none() && primary_only.contains(&true) {
+            return invalid(
+                "ipMasq, clusterCIDR, masqPodFlowsPerMinute and ebpfLogLevel are the primary network's: \
+                 name it in primaryNetwork",
+            );
+        }
+        if let Some(level) = &self.ebpf_log_level {
+            config::parse_ebpf_log_level(level)?;
         }
         if self.log_file.as_ref().is_some_and(|f| !f.is_absolute()) {
             return invalid("logFile must be an absolute path");
@@ -167,6 +186,12 @@ impl NodeConf {
             conf.cluster_cidr = canonical_cluster_cidr(&conf.cluster_cidr)?;
             confine_field(&mut conf.cluster_cidr, &canonical_cluster_cidr(&self.cluster_cidr)?, |w, n| {
                 refuse("clusterCIDR", quoted(w), n.map(quoted))
+            })?;
+            confine_field(&mut conf.masq_pod_flows_per_minute, &self.masq_pod_flows_per_minute, |w, n| {
+                refuse("masqPodFlowsPerMinute", w.to_string(), n.map(|n| n.to_string()))
+            })?;
+            confine_field(&mut conf.ebpf_log_level, &self.ebpf_log_level, |w, n| {
+                refuse("ebpfLogLevel", quoted(w), n.map(quoted))
             })?;
         } else if conf.masquerades() {
             let primary = self.primary_network.as_ref().map_or_else(|| "none".into(), |p| format!("{p:?}"));
@@ -268,6 +293,8 @@ mod tests {
             primary_network: Some("ebpf-cni".into()),
             ip_masq: Some(true),
             cluster_cidr: Some("10.244.0.0/16".into()),
+            masq_pod_flows_per_minute: Some(100),
+            ebpf_log_level: Some("debug".into()),
             masq_port_range: Some("1024-29999".into()),
             pod_cidrs: Some(vec!["10.1.0.0/24".parse().unwrap()]),
             uplink: Some("eth0".into()),
@@ -324,10 +351,13 @@ mod tests {
         let omitted = primary("").unwrap();
         assert!(omitted.masquerades(), "the node file's ipMasq");
         assert_eq!(omitted.cluster_cidr.as_deref(), Some("10.244.0.0/16"));
+        assert_eq!((omitted.masq_pod_flows_per_minute, omitted.ebpf_log_level().unwrap()), (Some(100), 4));
         primary(r#","ipMasq":true,"clusterCIDR":"10.244.9.9/16""#).unwrap();
         for (extra, says) in [
             (r#","ipMasq":false"#, "ipMasq false is a node-level setting"),
             (r#","clusterCIDR":"10.0.0.0/8""#, "clusterCIDR \"10.0.0.0/8\""),
+            (r#","masqPodFlowsPerMinute":0"#, "masqPodFlowsPerMinute 0"),
+            (r#","ebpfLogLevel":"off""#, "ebpfLogLevel \"off\""),
         ] {
             let err = primary(extra).unwrap_err();
             assert!(err.msg.starts_with(says), "{extra}: {}", err.msg);
@@ -348,6 +378,8 @@ mod tests {
     fn a_node_file_is_validated() {
         for text in [
             r#"{"ipMasq":true}"#,
+            r#"{"ebpfLogLevel":"debug"}"#,
+            r#"{"primaryNetwork":"p","ebpfLogLevel":"loud"}"#,
             r#"{"primaryNetwork":"p","clusterCIDR":"10.0.0.0/33"}"#,
             r#"{"masqPortRange":"9-1"}"#,
             r#"{"logFile":"relative.log"}"#,

@@ -287,10 +287,16 @@ impl Netlink {
             IpAddr::V6(v6) => RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(v6, 128).build(),
         };
         let mut answer = self.handle.route().get(request).execute();
+        let node_owned = [RouteType::Local, RouteType::Broadcast, RouteType::Anycast];
         match answer.try_next().await {
-            Ok(route) => Ok(route.is_some_and(|r| r.header.kind == RouteType::Local)),
-            // No route at all: not the node's either.
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENETUNREACH => Ok(false),
+            Ok(route) => Ok(route.is_some_and(|r| node_owned.contains(&r.header.kind))),
+            // No route, or a blackhole, unreachable or prohibit one: the `local` table, looked up
+            // first, did not have it either.
+            Err(rtnetlink::Error::NetlinkError(e))
+                if [libc::ENETUNREACH, libc::EHOSTUNREACH, libc::EINVAL, libc::EACCES].contains(&-e.raw_code()) =>
+            {
+                Ok(false)
+            }
             Err(e) => Err(e).with_context(|| format!("looking up the route to {ip}")),
         }
     }
