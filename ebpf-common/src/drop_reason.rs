@@ -34,11 +34,16 @@ pub enum DropReason {
     /// such packets by itself unless `route_localnet=1`, which kube-proxy sets for NodePorts on
     /// localhost; then a pod's crafted packet would reach whatever the node binds to 127.0.0.1.
     Loopback = 11,
+    /// Arriving on the uplink with a source address of this node's pods (its pod subnet, or a
+    /// local endpoint's address): only the node's own veths carry those. A LAN host forging one
+    /// would be delivered straight into a pod by `bpf_redirect_peer`, past rp_filter and
+    /// netfilter, as if a local pod had sent it.
+    SpoofedUplinkSource = 12,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 11] = [
+    pub const ALL: [DropReason; 12] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -50,6 +55,7 @@ impl DropReason {
         Self::NatPodLimit,
         Self::SpoofedNeighbor,
         Self::Loopback,
+        Self::SpoofedUplinkSource,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -68,6 +74,7 @@ impl DropReason {
             Self::NatPodLimit => "nat-pod-limit",
             Self::SpoofedNeighbor => "spoofed-neighbor",
             Self::Loopback => "loopback",
+            Self::SpoofedUplinkSource => "spoofed-uplink-source",
         }
     }
 

@@ -37,9 +37,13 @@ pub struct FlowEntry {
 
 /// How long a UDP or ICMP flow's entry holds without a packet: longer than conntrack keeps the
 /// flow (`nf_conntrack_udp_timeout_stream` 120 s, ICMP 30 s), so that no reply it would still
-/// translate takes a fast path. A TCP flow's entry holds until a SYN opens a new connection with
-/// its addresses and ports (the fast path then forgets it), DEL, or the LRU.
+/// translate takes a fast path. A TCP flow's entry holds until a pod's SYN opens a new
+/// connection with its addresses and ports (the fast path then forgets it), the LRU, or
+/// [`FLOW_TIMEOUT_TCP_NS`] without a packet: as long as masquerade keeps an idle TCP flow's port
+/// (`NAT_TIMEOUT_TCP_NS`), so a connection idle that long is lost either way, and no entry, not
+/// even one a spoofed SYN made, outlives it.
 pub const FLOW_TIMEOUT_UDP_NS: u64 = 180 * 1_000_000_000;
+pub const FLOW_TIMEOUT_TCP_NS: u64 = crate::NAT_TIMEOUT_TCP_NS;
 pub const FLOW_TIMEOUT_ICMP_NS: u64 = 60 * 1_000_000_000;
 
 /// The node's stack delivered or sent this flow's other direction (netfilter may have
@@ -47,7 +51,9 @@ pub const FLOW_TIMEOUT_ICMP_NS: u64 = 60 * 1_000_000_000;
 /// stack too, so that conntrack sees the reply and undoes its translation.
 pub const FLOW_VIA_STACK: u32 = 1;
 /// Opened from outside the cluster towards a pod, by its own address: the pod's replies keep
-/// that address (never masqueraded).
+/// that address (never masqueraded). Recorded by `to_pod` for a packet that opens a flow (a TCP
+/// SYN, a UDP datagram, an echo request) once the node's stack has accepted and routed it,
+/// never by `from_uplink`, before netfilter: any packet from the LAN would do there.
 pub const FLOW_FROM_OUTSIDE: u32 = 2;
 
 /// Capacity of `FLOWS`: flows a Service (or the outside) opened towards this node's pods, and

@@ -24,6 +24,13 @@ pub use nat::*;
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
 pub const PIN_LAYOUT_VERSION: u32 = 3;
 
+/// `FEATURES[0]` bit: the programs take a `NAT` or `FLOWS` entry for its owner's only (one
+/// whose owner no longer holds the pod's address is ignored, and its port may be taken), so DEL
+/// leaves a deleted pod's flows to age instead of scanning both maps under the node's lock.
+/// Programs of the same layout loaded by a build before it lack the bit (and the map): for
+/// them DEL still purges.
+pub const FEATURE_OWNER_CHECKS: u64 = 1;
+
 /// Capacity of `ENDPOINTS`: one entry per pod address on the node. 64 Ki entries of
 /// 20 + 32 bytes cost about 5 MiB of kernel memory, far above kubelet's default of 110 pods.
 pub const ENDPOINTS_MAX_ENTRIES: u32 = 65_536;
@@ -44,6 +51,7 @@ pub mod names {
     pub const FRAGMENTS: &str = "FRAGMENTS";
     pub const POD_FLOWS: &str = "POD_FLOWS";
     pub const SETTINGS: &str = "SETTINGS";
+    pub const FEATURES: &str = "FEATURES";
     /// The global holding [`crate::DatapathConfig`].
     pub const CONFIG: &str = "CONFIG";
 }

@@ -17,17 +17,26 @@ pub struct NatEntry {
     pub port: u16,
     /// [`NAT_EGRESS`] or [`NAT_REPLY`], so a dump reads without knowing the addresses.
     pub direction: u8,
-    /// 1 once either side of a TCP flow sent FIN or RST: its port is free again after
-    /// [`NAT_TIMEOUT_TCP_CLOSING_NS`] rather than the established timeout.
+    /// Non-zero once a TCP flow is ending, when its port is free again after
+    /// [`NAT_TIMEOUT_TCP_CLOSING_NS`] rather than the established timeout:
+    /// [`NAT_CLOSING_BY_POD`] or [`NAT_CLOSING_PEER_RESET`].
     pub closing: u8,
     pub pad: [u8; 4],
-    /// The attachment (container ID + ifname) whose pod owns the flow: DEL removes its entries.
+    /// The attachment (container ID + ifname) whose pod owns the flow. An entry is valid for
+    /// its owner only: the programs ignore it once another attachment holds the pod's address.
     pub owner: u64,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the last packet either way.
     pub last_seen_ns: u64,
 }
 
 pub const NAT_EGRESS: u8 = 1;
+
+/// The pod sent FIN or RST: its own stack says the flow ends. For good.
+pub const NAT_CLOSING_BY_POD: u8 = 1;
+/// A RST came from the outside. Anyone on the path may forge one, so the pod's next packet
+/// (anything but FIN or RST: the connection lives) takes it back. An inbound FIN is a
+/// half-close and marks nothing: the pod's own FIN follows when it closes too.
+pub const NAT_CLOSING_PEER_RESET: u8 = 2;
 pub const NAT_REPLY: u8 = 2;
 
 /// How long a flow may stay idle before another flow may take its port. An idle flow keeps

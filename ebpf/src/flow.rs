@@ -122,6 +122,23 @@ impl Flow {
     pub fn closes(&self) -> bool {
         self.protocol == PROTO_TCP && self.tcp_flags & (TCP_FIN | TCP_RST) != 0
     }
+
+    /// Whether this is a TCP reset.
+    #[inline(always)]
+    pub fn resets(&self) -> bool {
+        self.protocol == PROTO_TCP && self.tcp_flags & TCP_RST != 0
+    }
+
+    /// Whether this packet may open a flow towards its destination: a TCP SYN without ACK, a
+    /// UDP datagram, an echo request (identifier as source port, 0 as destination).
+    #[inline(always)]
+    pub fn may_open(&self) -> bool {
+        match self.protocol {
+            PROTO_TCP => self.opens(),
+            PROTO_UDP => true,
+            _ => self.dst_port == 0 && self.src_port != 0,
+        }
+    }
 }
 
 #[inline(always)]

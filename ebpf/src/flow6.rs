@@ -80,6 +80,21 @@ impl Flow6 {
     pub fn closes(&self) -> bool {
         self.key.protocol == PROTO_TCP && self.tcp_flags & (TCP_FIN | TCP_RST) != 0
     }
+
+    #[inline(always)]
+    pub fn resets(&self) -> bool {
+        self.key.protocol == PROTO_TCP && self.tcp_flags & TCP_RST != 0
+    }
+
+    /// As `Flow::may_open`.
+    #[inline(always)]
+    pub fn may_open(&self) -> bool {
+        match self.key.protocol {
+            PROTO_TCP => self.opens(),
+            PROTO_UDP => true,
+            _ => self.key.dst_port == 0 && self.key.src_port != 0,
+        }
+    }
 }
 
 #[inline(always)]

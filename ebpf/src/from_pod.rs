@@ -79,7 +79,7 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     // `own.stack_peers`: a SYN that must forget the other direction's old entry (`steer.rs`).
     // SAFETY (here and below): a hash map value, valid while this program runs.
     let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| unsafe { (*p).stack_replies }) != 0;
-    if steer::via_stack(ctx, flagged) {
+    if steer::via_stack(ctx, flagged, own.owner, true) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }
     match peer {

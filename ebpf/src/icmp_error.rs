@@ -7,7 +7,7 @@
 //! Every checksum stays right: the quoted IPv4 header's and its UDP/TCP checksum (when quoted)
 //! are updated with the bytes they cover, and the ICMP checksum with every byte changed.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, DropReason, FlowKey, ForwardPath};
+use ebpf_common::{DatapathConfig, DropReason, FlowKey, ForwardPath, IpKey};
 use network_types::ip::Ipv4Hdr;
 
 use crate::{
@@ -54,12 +54,20 @@ fn quoted(ctx: &TcContext) -> Option<Quoted> {
     if ip.proto != PROTO_ICMP || u16::from_be_bytes(ip.frags) & flow::FRAGMENT_BITS != 0 {
         return None;
     }
+    // A header shorter than its fixed part is no header: its "options" would be read as ICMP.
+    if usize::from(ip.ihl()) < Ipv4Hdr::LEN {
+        return None;
+    }
     let l4 = IP_OFFSET + usize::from(ip.ihl());
     if !matches!(ctx.load::<u8>(l4).ok()?, DEST_UNREACHABLE | TIME_EXCEEDED | PARAMETER_PROBLEM) {
         return None;
     }
     let inner_at = l4 + ICMP_HEADER_LEN;
     let inner: Ipv4Hdr = ctx.load(inner_at).ok()?;
+    // The same for the quoted header: with IHL < 5 the "ports" would be its own addresses.
+    if inner.version() != 4 || usize::from(inner.ihl()) < Ipv4Hdr::LEN {
+        return None;
+    }
     let inner_l4 = inner_at + usize::from(inner.ihl());
     let head: [u8; 8] = ctx.load(inner_l4).ok()?;
     let (port_at, src_port, dst_port) = match inner.proto {
@@ -101,6 +109,11 @@ fn rewrite(ctx: &TcContext, config: &DatapathConfig, q: &Quoted) -> Result<bool,
     // SAFETY: the value is copied out at once.
     let Some(entry) = (unsafe { maps::NAT.get(&q.reply_key()).copied() }) else { return Ok(false) };
     let (pod, pod_port) = (flow::v4_from_16(entry.addr), entry.port);
+    // A deleted pod's flow (DEL leaves its entries to age): not for the pod that has its
+    // address now.
+    if maps::endpoint(&IpKey::v4(pod)).is_none_or(|e| e.owner != entry.owner) {
+        return Ok(false);
+    }
     let icmp_csum_at = l4 + 2;
     let mut icmp_delta = Delta::default();
 

@@ -8,7 +8,7 @@
 //! The ICMPv6 checksum covers the pseudo-header (so the outer destination) and the whole
 //! message (so the quote): every change is added to it, as the quoted checksum's own change is.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, DropReason, FlowKey, ForwardPath};
+use ebpf_common::{DatapathConfig, DropReason, FlowKey, ForwardPath, IpKey};
 
 use crate::{
     checksum::{Delta, store, update_checksum},
@@ -81,6 +81,11 @@ fn rewrite(ctx: &TcContext, config: &DatapathConfig) -> Result<bool, DropReason>
     // SAFETY: the value is copied out at once.
     let Some(entry) = (unsafe { maps::NAT.get(&key).copied() }) else { return Ok(false) };
     let (pod, pod_port) = (entry.addr, entry.port);
+    // A deleted pod's flow (DEL leaves its entries to age): not for the pod that has its
+    // address now.
+    if maps::ENDPOINTS.get_ptr(&IpKey::v6(pod)).is_none_or(|e| unsafe { (*e).owner } != entry.owner) {
+        return Ok(false);
+    }
 
     let addr_delta = Delta::of(&config.node_ipv6, &pod);
     let port_delta = Delta::of(&src_port.to_be_bytes(), &pod_port.to_be_bytes());

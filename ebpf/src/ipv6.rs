@@ -66,7 +66,7 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     }
     // As for IPv4 (`from_pod.rs`): only flagged pods' flows are looked up in `FLOWS`.
     let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| p.stack_replies) != 0;
-    if steer::via_stack6(ctx, flagged) {
+    if steer::via_stack6(ctx, flagged, own.owner, true) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }
     match peer {

@@ -43,6 +43,11 @@ pub static FLOWS: LruHashMap<FlowKey, FlowEntry, { FLOWS_MAX_ENTRIES as usize }>
 #[btf_map]
 pub static SETTINGS: Array<DatapathConfig, 1> = Array::new();
 
+/// What the loaded programs do beyond their layout (`FEATURE_*` bits in slot 0), written once by
+/// the plugin when it loads them and never read here: the control plane adapts to it.
+#[btf_map]
+pub static FEATURES: Array<u64, 1> = Array::new();
+
 /// Drop counters indexed by `DropReason`, per CPU so that counting never contends.
 #[btf_map]
 pub static METRICS: PerCpuArray<Counter, { DropReason::SLOTS as usize }> = PerCpuArray::new();

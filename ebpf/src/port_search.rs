@@ -9,7 +9,7 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_loop},
 };
 use ebpf_common::{
-    DatapathConfig, FlowKey, NAT_PORT_TRIES, NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_CLOSING_NS, NAT_TIMEOUT_TCP_NS,
+    DatapathConfig, FlowKey, IpKey, NAT_PORT_TRIES, NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_CLOSING_NS, NAT_TIMEOUT_TCP_NS,
     NAT_TIMEOUT_UDP_NS, NatEntry,
 };
 
@@ -108,7 +108,9 @@ fn random_candidate(port_min: u16, span: u32, skip: u32) -> Option<u16> {
 
 /// Takes the port of reply key `key` unless a live flow of another pod holds it (or an idle
 /// one, unless `take_idle`). A port that is free is looked up before it is inserted: an insert
-/// that fails on a full LRU map has already evicted another flow's entry to make room.
+/// that fails on a full LRU map has already evicted another flow's entry to make room. A flow
+/// whose owner no longer holds its pod's address (DEL leaves a deleted pod's flows to age)
+/// holds nothing.
 #[inline(always)]
 fn claim(key: &FlowKey, reply: &NatEntry, take_idle: bool) -> bool {
     let Some(held) = maps::NAT.get_ptr(key) else {
@@ -119,13 +121,23 @@ fn claim(key: &FlowKey, reply: &NatEntry, take_idle: bool) -> bool {
     let (ours, last_seen, closing) =
         unsafe { ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns, (*held).closing) };
     let idle = take_idle && reply.last_seen_ns.saturating_sub(last_seen) > timeout(key.protocol, closing != 0);
-    if !(ours || idle) {
+    if !(ours || idle || orphaned(key.family, held)) {
         return false;
     }
     // Deleted, then inserted only if still absent: of two CPUs taking the same idle port, one
     // wins (overwriting in place would let both believe they had it).
     let _ = maps::NAT.remove(key);
     maps::NAT.insert(key, reply, u64::from(BPF_NOEXIST)).is_ok()
+}
+
+/// Whether the reply entry `held` belongs to an attachment that is gone.
+#[inline(always)]
+fn orphaned(family: u8, held: *const NatEntry) -> bool {
+    // SAFETY: as in `claim`.
+    let (addr, owner) = unsafe { ((*held).addr, (*held).owner) };
+    let pod = IpKey { family, pad: [0; 3], addr };
+    // SAFETY: a hash map value, read at once.
+    maps::ENDPOINTS.get_ptr(&pod).is_none_or(|e| unsafe { (*e).owner } != owner)
 }
 
 #[inline(always)]

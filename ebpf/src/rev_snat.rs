@@ -2,7 +2,7 @@
 //! and goes on into the node's stack, whose conntrack saw the pod's side of the flow (before
 //! `to_uplink` translated it) and so accepts the reply and routes it into the pod.
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
-use ebpf_common::{DatapathConfig, ForwardPath};
+use ebpf_common::{DatapathConfig, ForwardPath, IpKey};
 
 use crate::{
     flow::{self, Flow},
@@ -26,12 +26,16 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
     }
     let Some(entry) = maps::NAT.get_ptr_mut(&flow.key()) else { return packet::PASS };
     // SAFETY: an LRU value, valid while this program runs.
-    let entry = unsafe {
-        snat::touch(entry, bpf_ktime_get_ns(), flow.closes());
-        *entry
-    };
-    let pod = flow::v4_from_16(entry.addr);
-    if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod, entry.port) {
+    let (addr, port, owner) = unsafe { ((*entry).addr, (*entry).port, (*entry).owner) };
+    let pod = flow::v4_from_16(addr);
+    // A deleted pod's flow (DEL leaves its entries to age): not for the pod that has its
+    // address now.
+    if maps::ENDPOINTS.get_ptr(&IpKey::v4(pod)).is_none_or(|e| unsafe { (*e).owner } != owner) {
+        return packet::PASS;
+    }
+    // SAFETY: as above.
+    unsafe { snat::touch_from_peer(entry, bpf_ktime_get_ns(), flow.resets()) };
+    if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod, port) {
         return maps::drop(ctx, reason);
     }
     if flow.first_fragment {

@@ -5,43 +5,69 @@
 //! node port it got; the reply entry, keyed by the reply as it arrives, says which pod and port
 //! to restore. The reply entry is what reserves the port: inserting it with `BPF_NOEXIST` is
 //! the atomic "is this port free for this destination" test, so two CPUs never hand out the same
-//! port. Both entries carry the owner (for DEL) and the time of the last packet (for reuse).
-use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext};
-use ebpf_common::{DatapathConfig, DropReason, NAT_EGRESS, NAT_REPLY, NatEntry, ipv4_in_16};
+//! port. Both entries carry the owner (valid for that attachment only) and the time of the last
+//! packet (for reuse).
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::bpf_ktime_get_ns,
+    programs::TcContext,
+};
+use ebpf_common::{
+    DatapathConfig, DropReason, FLOW_FROM_OUTSIDE, NAT_CLOSING_BY_POD, NAT_CLOSING_PEER_RESET, NAT_EGRESS, NAT_REPLY,
+    NatEntry, ipv4_in_16,
+};
 
 use crate::{
     flow::{self, Flow},
     maps, node_sockets, pod_flows,
     port_search::{PortSearch, SOCKET_SEARCHES},
     rewrite::{Side, rewrite},
+    steer,
 };
 
-/// Gives the pod's packet the node's address and the flow's port (allocated on its first packet).
-#[inline(always)]
-pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow, owner: u64) -> Result<(), DropReason> {
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let port = match existing_port(flow, config, now) {
-        Some(port) => port,
-        None => allocate(ctx, flow, config, owner, now)?,
-    };
-    rewrite(ctx, flow, Side::Source, config.node_ipv4, port)
+/// What masquerade did with a pod's packet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It leaves with the node's address and the flow's port.
+    Masqueraded,
+    /// A reply in a flow opened from outside towards the pod's own address: left as it is.
+    OwnAddress,
 }
 
-/// The port of a live flow, if its reply entry still points back at this pod.
+/// Gives the pod's packet the node's address and the flow's port (allocated on its first
+/// packet), unless it answers a flow opened from outside to the pod's address. A translation
+/// the flow already has always wins over such a record, and a pod's SYN opens a flow of its
+/// own whatever was recorded: a record made for a forged 5-tuple can neither take an existing
+/// flow off masquerade nor a later one.
 #[inline(always)]
-fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64) -> Option<u16> {
+pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow, owner: u64) -> Result<Outcome, DropReason> {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let port = match existing_port(flow, config, now, owner) {
+        Some(port) => port,
+        None if !flow.opens() && steer::has(&flow.key(), FLOW_FROM_OUTSIDE, owner) => return Ok(Outcome::OwnAddress),
+        None => allocate(ctx, flow, config, owner, now)?,
+    };
+    rewrite(ctx, flow, Side::Source, config.node_ipv4, port)?;
+    Ok(Outcome::Masqueraded)
+}
+
+/// The port of a live flow of `owner`, if its reply entry still points back at this pod.
+#[inline(always)]
+fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64, owner: u64) -> Option<u16> {
     let egress = maps::NAT.get_ptr_mut(flow.key())?;
     // SAFETY: an LRU value; a concurrent writer can only store another whole, valid entry.
     let port = unsafe { (*egress).port };
     let reply = maps::NAT.get_ptr_mut(reply_key(flow, config.node_ipv4, port))?;
     // SAFETY: as above.
     unsafe {
-        if (*reply).addr != ipv4_in_16(flow.src) || (*reply).port != flow.src_port {
-            return None; // the port was taken over after the flow idled out
+        // The port was taken over after the flow idled out, or the entries are of a deleted
+        // pod that had this address (DEL leaves them to age).
+        if (*reply).addr != ipv4_in_16(flow.src) || (*reply).port != flow.src_port || (*reply).owner != owner {
+            return None;
         }
-        touch(egress, now, flow.closes());
-        touch(reply, now, flow.closes());
+        touch_from_pod(egress, now, flow.closes());
+        touch_from_pod(reply, now, flow.closes());
     }
     Some(port)
 }
@@ -50,20 +76,52 @@ fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64) -> Option<u16> 
 /// at most once a second rather than on every packet (a write moves its cache line to this CPU).
 const TOUCH_EVERY_NS: u64 = 1_000_000_000;
 
-/// Records that the flow is alive, unless that was recorded less than a second ago, and that
-/// it is closing when this packet ends it (FIN, RST).
+/// Records that the flow is alive, unless that was recorded less than a second ago. The pod's
+/// FIN or RST marks it closing for good; any other packet of the pod takes back a mark an
+/// outside RST made (`NAT_CLOSING_PEER_RESET`).
 ///
 /// # Safety
 /// `entry` must point at a `NAT` value obtained in this program run.
 #[inline(always)]
-pub unsafe fn touch(entry: *mut NatEntry, now: u64, closes: bool) {
+pub unsafe fn touch_from_pod(entry: *mut NatEntry, now: u64, closes: bool) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        refresh(entry, now);
+        if closes {
+            if (*entry).closing != NAT_CLOSING_BY_POD {
+                (*entry).closing = NAT_CLOSING_BY_POD;
+                (*entry).last_seen_ns = now;
+            }
+        } else if (*entry).closing == NAT_CLOSING_PEER_RESET {
+            (*entry).closing = 0;
+        }
+    }
+}
+
+/// [`touch_from_pod`] for a reply from outside: a RST marks the flow closing until the pod
+/// shows it alive; a FIN (a half-close) marks nothing.
+///
+/// # Safety
+/// As for [`touch_from_pod`].
+#[inline(always)]
+pub unsafe fn touch_from_peer(entry: *mut NatEntry, now: u64, resets: bool) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        refresh(entry, now);
+        if resets && (*entry).closing == 0 {
+            (*entry).closing = NAT_CLOSING_PEER_RESET;
+            (*entry).last_seen_ns = now;
+        }
+    }
+}
+
+/// # Safety
+/// As for [`touch_from_pod`].
+#[inline(always)]
+unsafe fn refresh(entry: *mut NatEntry, now: u64) {
     // SAFETY: guaranteed by the caller.
     unsafe {
         if now.saturating_sub((*entry).last_seen_ns) >= TOUCH_EVERY_NS {
-            (*entry).last_seen_ns = now;
-        }
-        if closes && (*entry).closing == 0 {
-            (*entry).closing = 1;
             (*entry).last_seen_ns = now;
         }
     }
@@ -71,6 +129,11 @@ pub unsafe fn touch(entry: *mut NatEntry, now: u64, closes: bool) {
 
 /// Finds a port for a new flow among random ones of the configured range and records both
 /// entries. If the second cannot be written, the port claimed for the first is given back.
+///
+/// The egress entry goes in only if absent: when two CPUs handle a new flow's first packets at
+/// once, one writes it and the other gives its port back and takes the winner's, so the flow
+/// leaves from one port. An egress entry that is no live flow's (`existing_port` refused it:
+/// taken over, or a deleted pod's) is replaced.
 #[inline(always)]
 fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
     if !pod_flows::admit(owner, now, config.pod_flows_per_minute) {
@@ -79,9 +142,15 @@ fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, n
     let port = claim_free_port(ctx, flow, config, owner, now)?;
     let egress =
         NatEntry { addr: ipv4_in_16(config.node_ipv4), port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
-    if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_ANY)).is_err() {
-        let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
-        return Err(DropReason::NatPortsExhausted);
+    if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_NOEXIST)).is_err() {
+        if let Some(theirs) = existing_port(flow, config, now, owner) {
+            let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
+            return Ok(theirs);
+        }
+        if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_ANY)).is_err() {
+            let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
+            return Err(DropReason::NatPortsExhausted);
+        }
     }
     aya_log_ebpf::info!(
         ctx,

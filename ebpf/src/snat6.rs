@@ -2,8 +2,12 @@
 //! port claims, timeouts and per-pod limit these share): a pod's flow to outside the cluster
 //! leaves with the node's IPv6 address and a port of the range; its replies get the pod's
 //! address and port back and go on into the node's stack.
-use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns, programs::TcContext};
-use ebpf_common::{DatapathConfig, DropReason, ForwardPath, NAT_EGRESS, NAT_REPLY, NatEntry};
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::bpf_ktime_get_ns,
+    programs::TcContext,
+};
+use ebpf_common::{DatapathConfig, DropReason, FLOW_FROM_OUTSIDE, ForwardPath, IpKey, NAT_EGRESS, NAT_REPLY, NatEntry};
 
 use crate::{
     flow6::{self, Flow6},
@@ -11,19 +15,23 @@ use crate::{
     port_search::{PortSearch, SOCKET_SEARCHES},
     rewrite::Side,
     rewrite6::rewrite,
-    snat,
+    snat::{self, Outcome},
+    steer,
 };
 
-/// Gives the pod's packet the node's IPv6 address and the flow's port.
+/// Gives the pod's packet the node's IPv6 address and the flow's port, unless it answers a flow
+/// opened from outside to the pod's address (the same rules as `snat::masquerade`).
 #[inline(always)]
-pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow6, owner: u64) -> Result<(), DropReason> {
+pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow6, owner: u64) -> Result<Outcome, DropReason> {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let port = match existing_port(flow, config, now) {
+    let port = match existing_port(flow, config, now, owner) {
         Some(port) => port,
+        None if !flow.opens() && steer::has(&flow.key, FLOW_FROM_OUTSIDE, owner) => return Ok(Outcome::OwnAddress),
         None => unpack(allocate_apart(ctx, flow, config, owner, now))?,
     };
-    rewrite(ctx, flow, Side::Source, &config.node_ipv6, port)
+    rewrite(ctx, flow, Side::Source, &config.node_ipv6, port)?;
+    Ok(Outcome::Masqueraded)
 }
 
 /// A reply to the node's IPv6 address: translated back if it belongs to a masqueraded flow.
@@ -38,10 +46,14 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
     }
     let Some(entry) = maps::NAT.get_ptr_mut(&flow.key) else { return packet::PASS };
     // SAFETY: an LRU value, valid while this program runs; read in place (a copy costs stack).
-    let (pod, port) = unsafe {
-        snat::touch(entry, bpf_ktime_get_ns(), flow.closes());
-        (&(*entry).addr, (*entry).port)
-    };
+    let (pod, port, owner) = unsafe { (&(*entry).addr, (*entry).port, (*entry).owner) };
+    // A deleted pod's flow (DEL leaves its entries to age): not for the pod that has its
+    // address now.
+    if maps::ENDPOINTS.get_ptr(&IpKey::v6(*pod)).is_none_or(|e| unsafe { (*e).owner } != owner) {
+        return packet::PASS;
+    }
+    // SAFETY: as above.
+    unsafe { snat::touch_from_peer(entry, bpf_ktime_get_ns(), flow.resets()) };
     if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod, port) {
         return maps::drop(ctx, reason);
     }
@@ -49,18 +61,18 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
 }
 
 #[inline(always)]
-fn existing_port(flow: &Flow6, config: &DatapathConfig, now: u64) -> Option<u16> {
+fn existing_port(flow: &Flow6, config: &DatapathConfig, now: u64, owner: u64) -> Option<u16> {
     let egress = maps::NAT.get_ptr_mut(&flow.key)?;
     // SAFETY: an LRU value; a concurrent writer can only store another whole, valid entry.
     let port = unsafe { (*egress).port };
     let reply = maps::NAT.get_ptr_mut(&reply_key(flow, config, port))?;
     // SAFETY: as above.
     unsafe {
-        if (*reply).addr != flow.key.src_addr || (*reply).port != flow.key.src_port {
+        if (*reply).addr != flow.key.src_addr || (*reply).port != flow.key.src_port || (*reply).owner != owner {
             return None;
         }
-        snat::touch(egress, now, flow.closes());
-        snat::touch(reply, now, flow.closes());
+        snat::touch_from_pod(egress, now, flow.closes());
+        snat::touch_from_pod(reply, now, flow.closes());
     }
     Some(port)
 }
@@ -99,9 +111,16 @@ fn allocate(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, 
         port => port,
     };
     let egress = NatEntry { addr: config.node_ipv6, port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
-    if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_ANY)).is_err() {
-        let _ = maps::NAT.remove(&reply_key(flow, config, port));
-        return Err(DropReason::NatPortsExhausted);
+    // As `snat::allocate`: the first of two CPUs wins, a dead flow's entry is replaced.
+    if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_NOEXIST)).is_err() {
+        if let Some(theirs) = existing_port(flow, config, now, owner) {
+            let _ = maps::NAT.remove(&reply_key(flow, config, port));
+            return Ok(theirs);
+        }
+        if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_ANY)).is_err() {
+            let _ = maps::NAT.remove(&reply_key(flow, config, port));
+            return Err(DropReason::NatPortsExhausted);
+        }
     }
     aya_log_ebpf::info!(
         ctx,

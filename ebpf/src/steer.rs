@@ -7,8 +7,13 @@
 //! is looked up. Flows the stack never saw (plain pod ↔ pod) are never recorded: a pod gets its
 //! lookups only once the stack has delivered it such a flow (`Endpoint::stack_replies`,
 //! `stack_peers`), so pods that serve no Service pay nothing.
+//!
+//! Entries are created only where the node's stack has accepted the packet (`to_pod`,
+//! `to_uplink`: after netfilter), never where a packet merely arrives (`from_uplink`), and each
+//! is valid for one owner only (the attachment of the local pod the key involves): the pod
+//! given a deleted pod's address never inherits its flows, so DEL need not purge them.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TcContext};
-use ebpf_common::{FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_UDP_NS, FLOW_VIA_STACK, FlowEntry, FlowKey};
+use ebpf_common::{FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_NS, FLOW_TIMEOUT_UDP_NS, FLOW_VIA_STACK, FlowEntry, FlowKey};
 
 use crate::{
     flow::{Flow, PROTO_ICMP, PROTO_TCP},
@@ -28,6 +33,11 @@ pub fn record(key: &FlowKey, owner: u64, flag: u32) {
     if let Some(entry) = maps::FLOWS.get_ptr_mut(key) {
         // SAFETY: an LRU value, valid while this program runs; a lost race only repeats a write.
         unsafe {
+            // Another attachment's (a deleted pod whose address was given again): replaced.
+            if (*entry).owner != owner {
+                *entry = FlowEntry { owner, last_seen_ns: now, flags: flag, pad: 0 };
+                return;
+            }
             if (*entry).flags & flag == 0 {
                 (*entry).flags |= flag;
             }
@@ -40,21 +50,25 @@ pub fn record(key: &FlowKey, owner: u64, flag: u32) {
     let _ = maps::FLOWS.insert(key, &entry, u64::from(BPF_NOEXIST));
 }
 
-/// Whether a live flow entry with `flag` exists for `key` (one idle past its protocol's timeout
-/// is not: its 5-tuple may have been reused since). A hit keeps the entry alive.
+/// Whether a live flow entry with `flag` exists for `key` and `owner`'s pod (one idle past its
+/// protocol's timeout is not: its 5-tuple may have been reused since; nor one of another
+/// attachment that had the pod's address before). A hit keeps the entry alive.
 #[inline(always)]
-pub fn has(key: &FlowKey, flag: u32) -> bool {
+pub fn has(key: &FlowKey, flag: u32, owner: u64) -> bool {
     let Some(entry) = maps::FLOWS.get_ptr_mut(key) else { return false };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     let timeout = match key.protocol {
-        PROTO_TCP => u64::MAX,
+        PROTO_TCP => FLOW_TIMEOUT_TCP_NS,
         PROTO_ICMP | PROTO_ICMPV6 => FLOW_TIMEOUT_ICMP_NS,
         _ => FLOW_TIMEOUT_UDP_NS,
     };
     // SAFETY: an LRU value, valid while this program runs.
     unsafe {
-        if (*entry).flags & flag == 0 || now.saturating_sub((*entry).last_seen_ns) > timeout {
+        if (*entry).owner != owner
+            || (*entry).flags & flag == 0
+            || now.saturating_sub((*entry).last_seen_ns) > timeout
+        {
             return false;
         }
         touch(entry, now);
@@ -82,22 +96,26 @@ unsafe fn touch(entry: *mut FlowEntry, now: u64) {
 /// one. All fragments alike: the stack reassembles a datagram only when it sees all of them,
 /// and conntrack takes a datagram it never saw for a new flow, not an invalid one.
 ///
-/// A TCP SYN opens a new connection: whatever was recorded under its addresses and ports, both
-/// ways, belongs to an old one and is forgotten, and the new connection takes the fast path.
+/// A TCP SYN from a pod (`from_pod`: `trusted`, its source checked) opens a new connection:
+/// whatever was recorded under its addresses and ports, both ways, belongs to an old one of the
+/// same pod and is forgotten, and the new connection takes the fast path. A SYN from the uplink
+/// forgets nothing: anyone on the LAN can send one with another node's pod's address, and
+/// would make a live Service flow's replies skip the stack that undoes its translation. It is
+/// looked up like any packet, and an old entry under its 5-tuple ages out.
 #[inline(always)]
-pub fn via_stack(ctx: &TcContext, flagged: bool) -> bool {
+pub fn via_stack(ctx: &TcContext, flagged: bool, owner: u64, trusted: bool) -> bool {
     if !flagged {
         return false;
     }
     match Flow::parse(ctx) {
         Ok(flow) if flow.first_fragment => true,
-        Ok(flow) if flow.opens() => {
+        Ok(flow) if trusted && flow.opens() => {
             let _ = maps::FLOWS.remove(&flow.key());
             let _ = maps::FLOWS.remove(&flow.reply_key());
             false
         }
-        Ok(flow) => has(&flow.key(), FLOW_VIA_STACK),
-        Err(_) => icmp_error::flow_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK)),
+        Ok(flow) => has(&flow.key(), FLOW_VIA_STACK, owner),
+        Err(_) => icmp_error::flow_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK, owner)),
     }
 }
 
@@ -105,17 +123,17 @@ pub fn via_stack(ctx: &TcContext, flagged: bool) -> bool {
 /// without ports to tell its flow by (an extension header) takes the stack whenever a pod
 /// involved is flagged.
 #[inline(always)]
-pub fn via_stack6(ctx: &TcContext, flagged: bool) -> bool {
+pub fn via_stack6(ctx: &TcContext, flagged: bool, owner: u64, trusted: bool) -> bool {
     if !flagged {
         return false;
     }
     match Flow6::parse(ctx) {
-        Ok(flow) if flow.opens() => {
+        Ok(flow) if trusted && flow.opens() => {
             let _ = maps::FLOWS.remove(&flow.key);
             let _ = maps::FLOWS.remove(&flow.reply_key());
             false
         }
-        Ok(flow) => has(&flow.key, FLOW_VIA_STACK),
-        Err(_) => icmp_error6::quoted_reply_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK)),
+        Ok(flow) => has(&flow.key, FLOW_VIA_STACK, owner),
+        Err(_) => icmp_error6::quoted_reply_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK, owner)),
     }
 }

@@ -2,9 +2,13 @@
 //! (the fast paths put packets into pods with `bpf_redirect_peer`, which skips this hook, or,
 //! for a pod with an ingress bandwidth limit, through this hook marked `FAST_PATH_MARK`). A
 //! packet from a cluster address got here through the stack, maybe translated (a Service's
-//! DNAT): its replies must go back through the stack (`steer.rs`). Nothing is ever dropped here.
+//! DNAT): its replies must go back through the stack (`steer.rs`). A packet from outside the
+//! cluster that came in through the uplink and opens a flow towards the pod's own address is
+//! recorded too (`FLOW_FROM_OUTSIDE`: the pod's replies keep its address). Here, after the
+//! node's netfilter has accepted and routed it, and not in `from_uplink`, where any packet from
+//! the LAN, with any flags, would do. Nothing is ever dropped here.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{FAST_PATH_MARK, FLOW_VIA_STACK, IpKey};
+use ebpf_common::{DatapathConfig, FAST_PATH_MARK, FLOW_FROM_OUTSIDE, FLOW_VIA_STACK, IpKey};
 
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
@@ -29,7 +33,13 @@ pub fn egress(ctx: &TcContext) -> i32 {
     // pod, so no fast path would take them anyway. Nor replies to other nodes' pods when there
     // is no uplink program (no `ipMasq`): those take the stack both ways regardless.
     let config = config::get();
-    if !config.in_cluster(src) || config.uplink_ifindex == 0 && maps::endpoint(&IpKey::v4(src)).is_none() {
+    if !config.in_cluster(src) {
+        if config.masquerade != 0 && from_uplink(ctx, &config) {
+            from_outside(ctx, dst);
+        }
+        return packet::PASS;
+    }
+    if config.uplink_ifindex == 0 && maps::endpoint(&IpKey::v4(src)).is_none() {
         return packet::PASS;
     }
     let Ok(flow) = flow::Flow::parse(ctx) else { return packet::PASS };
@@ -44,6 +54,27 @@ pub fn egress(ctx: &TcContext) -> i32 {
     packet::PASS
 }
 
+/// Whether the packet entered the node through the uplink (not from the node itself).
+#[inline(always)]
+fn from_uplink(ctx: &TcContext, config: &DatapathConfig) -> bool {
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    config.uplink_ifindex != 0 && unsafe { (*ctx.skb.skb).ingress_ifindex } == config.uplink_ifindex
+}
+
+/// A packet from outside the cluster to pod `dst` that opens a flow: recorded, so that the
+/// pod's replies leave with its own address (`snat::masquerade`).
+#[inline(always)]
+fn from_outside(ctx: &TcContext, dst: [u8; 4]) {
+    let Ok(flow) = flow::Flow::parse(ctx) else { return };
+    if !flow.may_open() {
+        return;
+    }
+    if let Some(pod) = maps::ENDPOINTS.get_ptr(&IpKey::v4(dst)) {
+        // SAFETY: a hash map value, valid while this program runs.
+        steer::record(&flow.reply_key(), unsafe { (*pod).owner }, FLOW_FROM_OUTSIDE);
+    }
+}
+
 /// The same for IPv6. Neighbour discovery and MLD (ICMPv6 types 130 and up: `ndp.rs` answers
 /// with the gateway's address as source) are no flow.
 #[inline(always)]
@@ -52,10 +83,16 @@ fn ipv6(ctx: &TcContext) -> i32 {
     // SAFETY: bounds checked by `header_mut`.
     let (src, dst, next_header) = unsafe { ((*ip).src_addr, (*ip).dst_addr, (*ip).next_hdr) };
     let config = config::get();
-    if !config.in_cluster6(&src)
-        || next_header == ndp::PROTO_ICMPV6 && ndp::icmp_type(ctx).is_none_or(|t| t >= 130)
-        || config.uplink_ifindex == 0 && maps::endpoint(&IpKey::v6(src)).is_none()
-    {
+    if next_header == ndp::PROTO_ICMPV6 && ndp::icmp_type(ctx).is_none_or(|t| t >= 130) {
+        return packet::PASS;
+    }
+    if !config.in_cluster6(&src) {
+        if config.masquerades6() && from_uplink(ctx, config) {
+            from_outside6(ctx, &dst);
+        }
+        return packet::PASS;
+    }
+    if config.uplink_ifindex == 0 && maps::endpoint(&IpKey::v6(src)).is_none() {
         return packet::PASS;
     }
     let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
@@ -68,4 +105,17 @@ fn ipv6(ctx: &TcContext) -> i32 {
         }
     }
     packet::PASS
+}
+
+/// [`from_outside`] for IPv6.
+#[inline(always)]
+fn from_outside6(ctx: &TcContext, dst: &[u8; 16]) {
+    let Ok(flow) = Flow6::parse(ctx) else { return };
+    if !flow.may_open() {
+        return;
+    }
+    if let Some(pod) = maps::ENDPOINTS.get_ptr(&IpKey::v6(*dst)) {
+        // SAFETY: a hash map value, valid while this program runs.
+        steer::record(&flow.reply_key(), unsafe { (*pod).owner }, FLOW_FROM_OUTSIDE);
+    }
 }

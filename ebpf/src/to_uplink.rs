@@ -7,9 +7,9 @@
 //!    stack too (`steer.rs`).
 //! 4. A pod's packet to the outside is masqueraded (`snat.rs`, later fragments `fragments.rs`),
 //!    unless it is a reply in a flow opened from outside the cluster towards the pod's own
-//!    address (`from_uplink` recorded it).
+//!    address (`to_pod` recorded it once the stack accepted the flow's first packet).
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, FAST_PATH_MARK, FLOW_FROM_OUTSIDE, FLOW_VIA_STACK, ForwardPath, IpKey};
+use ebpf_common::{DropReason, FAST_PATH_MARK, FLOW_VIA_STACK, ForwardPath, IpKey};
 
 use crate::{config, flow, fragments, maps, packet, snat, steer};
 
@@ -54,15 +54,16 @@ pub fn egress(ctx: &TcContext) -> i32 {
         }
         return packet::PASS;
     }
-    if steer::has(&flow.key(), FLOW_FROM_OUTSIDE) {
-        if flow.first_fragment {
-            // Its later fragments keep the pod's address too.
-            fragments::remember(&flow, flow.src);
+    match snat::masquerade(ctx, &config, &flow, owner) {
+        Ok(snat::Outcome::Masqueraded) => {}
+        Ok(snat::Outcome::OwnAddress) => {
+            if flow.first_fragment {
+                // Its later fragments keep the pod's address too.
+                fragments::remember(&flow, flow.src);
+            }
+            return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
         }
-        return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
-    }
-    if let Err(reason) = snat::masquerade(ctx, &config, &flow, owner) {
-        return maps::drop(ctx, reason);
+        Err(reason) => return maps::drop(ctx, reason),
     }
     if flow.first_fragment {
         fragments::remember(&flow, config.node_ipv4);

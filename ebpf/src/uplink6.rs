@@ -3,15 +3,14 @@
 //! of it), attached only for networks with IPv6 addresses. The same rules as IPv4's
 //! (`to_uplink.rs`, `from_uplink.rs`): the fast path's packets go as they are, flows the stack
 //! sent to other nodes are recorded (`steer.rs`), another node's pods reach ours straight,
-//! masquerade to outside the cluster (`snat6.rs`), and flows opened from outside towards a
-//! pod's own address keep that address.
+//! masquerade to outside the cluster (`snat6.rs`), flows opened from outside towards a pod's
+//! own address keep that address (`to_pod` records them), and a source of this node's pods
+//! arriving from the LAN is forged (`SpoofedUplinkSource`).
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{
-    DropReason, ENDPOINT_LINK_LOCAL, FAST_PATH_MARK, FLOW_FROM_OUTSIDE, FLOW_VIA_STACK, ForwardPath, IpKey,
-};
+use ebpf_common::{DropReason, ENDPOINT_LINK_LOCAL, FAST_PATH_MARK, FLOW_VIA_STACK, ForwardPath, IpKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, packet, snat6, steer};
+use crate::{config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, packet, snat::Outcome, snat6, steer};
 
 /// Source and destination of the IPv6 packet in hand, read in place (copies would cost stack).
 #[inline(always)]
@@ -65,13 +64,11 @@ pub fn egress(ctx: &TcContext) -> i32 {
         Ok(flow) => flow,
         Err(reason) => return maps::drop(ctx, reason),
     };
-    if steer::has(&flow.key, FLOW_FROM_OUTSIDE) {
-        return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
+    match snat6::masquerade(ctx, config, &flow, owner) {
+        Ok(Outcome::Masqueraded) => maps::forwarded(ctx, ForwardPath::Masqueraded, packet::PASS),
+        Ok(Outcome::OwnAddress) => maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS),
+        Err(reason) => maps::drop(ctx, reason),
     }
-    if let Err(reason) = snat6::masquerade(ctx, config, &flow, owner) {
-        return maps::drop(ctx, reason);
-    }
-    maps::forwarded(ctx, ForwardPath::Masqueraded, packet::PASS)
 }
 
 /// `from_uplink6`: what `from_uplink` is for IPv4.
@@ -82,6 +79,9 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     }
     let config = config::get();
     let Some((src, dst)) = addresses(ctx) else { return packet::PASS };
+    if config.in_node_pods6(src) || maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some() {
+        return maps::drop(ctx, DropReason::SpoofedUplinkSource);
+    }
     if config.masquerades6() && *dst == config.node_ipv6 {
         if icmp_error6::is_error(ctx) {
             return icmp_error6::translate(ctx, config);
@@ -92,12 +92,10 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         return packet::PASS;
     };
     if !config.in_cluster6(src) {
-        if let Ok(flow) = Flow6::parse(ctx) {
-            steer::record(&flow.reply_key(), pod.owner, FLOW_FROM_OUTSIDE);
-        }
         return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
-    if steer::via_stack6(ctx, pod.stack_peers | pod.stack_replies != 0) {
+    // Untrusted: a SYN from here forgets nothing (`steer::via_stack`).
+    if steer::via_stack6(ctx, pod.stack_peers | pod.stack_replies != 0, pod.owner, false) {
         return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
     deliver::into_pod(ctx, &pod, ForwardPath::FromOtherNode)

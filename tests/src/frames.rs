@@ -25,6 +25,21 @@ pub fn ipv4_udp(src: Ipv4Addr, dst: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
     .concat()
 }
 
+/// An IPv4 packet of protocol `proto` around `l4` (no options, not fragmented, checksums left
+/// zero: see [`with_checksums`]).
+pub fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4: &[u8]) -> Vec<u8> {
+    let total = (20 + l4.len()) as u16;
+    [&[0x45, 0][..], &total.to_be_bytes(), &[0, 1, 0, 0, 64, proto, 0, 0], &src.octets(), &dst.octets(), l4].concat()
+}
+
+/// A TCP header without options (sequence 1, no acknowledgement number) with `flags`
+/// (FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10).
+pub fn tcp(src_port: u16, dst_port: u16, flags: u8) -> Vec<u8> {
+    let mut h = [&src_port.to_be_bytes()[..], &dst_port.to_be_bytes(), &[0, 0, 0, 1, 0, 0, 0, 0]].concat();
+    h.extend_from_slice(&[0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    h
+}
+
 /// The Internet checksum (RFC 1071) of `bytes`, folded and complemented.
 pub fn checksum(bytes: &[u8]) -> u16 {
     let sum = bytes.chunks(2).fold(0u32, |acc, w| acc + u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])));

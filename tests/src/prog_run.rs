@@ -19,16 +19,40 @@ pub fn run(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>) -> (u32, Vec<
 }
 
 pub fn try_run(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>) -> anyhow::Result<(u32, Vec<u8>)> {
+    try_run_arrived(tb, name, ifname, None, frame)
+}
+
+/// [`run`] for a frame the node received on `arrived_on` and the stack forwarded to `ifname`
+/// (`skb->skb_iif`, what a program reads as `ingress_ifindex`).
+pub fn run_arrived(tb: &Testbed, name: &str, ifname: &str, arrived_on: &str, frame: Vec<u8>) -> (u32, Vec<u8>) {
+    try_run_arrived(tb, name, ifname, Some(arrived_on), frame).unwrap()
+}
+
+fn try_run_arrived(
+    tb: &Testbed,
+    name: &str,
+    ifname: &str,
+    arrived_on: Option<&str>,
+    frame: Vec<u8>,
+) -> anyhow::Result<(u32, Vec<u8>)> {
     let pin = tb.version_dir().join("progs").join(name);
     let ifname = CString::new(ifname).unwrap();
+    let arrived_on = arrived_on.map(|name| CString::new(name).unwrap());
     in_netns(&tb.node.name, move || {
-        // The device is looked up in the caller's namespace: the node's.
-        // SAFETY: a NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+        // The devices are looked up in the caller's namespace: the node's.
+        // SAFETY: NUL-terminated names.
+        let index = |name: &CString| unsafe { libc::if_nametoindex(name.as_ptr()) };
+        let ifindex = index(&ifname);
         anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
-        // `struct __sk_buff` up to and including `ifindex` (offset 40); the rest stays zero.
+        // `struct __sk_buff` up to and including `ifindex` (offset 40), `ingress_ifindex` at 36;
+        // the rest stays zero.
         let mut ctx = [0u8; 44];
         ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        if let Some(arrived_on) = &arrived_on {
+            let ingress = index(arrived_on);
+            anyhow::ensure!(ingress > 0, "no interface {arrived_on:?}");
+            ctx[36..40].copy_from_slice(&ingress.to_ne_bytes());
+        }
         let program = SchedClassifier::from_pin(&pin)?;
         let mut out = vec![0u8; frame.len() + 64];
         let result = program.test_run(TestRunOptions {

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use ebpf_cni_tests::{
     Cluster, EXT_SERVER, NODE1_UPLINK_IP,
     frames::{checksum, checksums_valid, with_checksums},
-    prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, try_run},
+    prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run_arrived, try_run},
 };
 use ebpf_common::DropReason;
 const ETH_IPV4: u16 = 0x0800;
@@ -204,13 +204,17 @@ fn crafted_frames_get_their_documented_verdicts() {
     // Arriving, it is the stack's to route: back out of the uplink, where it is dropped.
     from_uplink("to an unused pod address", stray, TC_ACT_UNSPEC, None);
 
-    // Another node's pod reaches a straight; the outside reaches it through the stack, and a's
-    // reply keeps its own address.
+    // Another node's pod reaches a straight; the outside reaches it through the stack, which
+    // hands it on into a (`to_pod` records the flow there, once netfilter let it through), and
+    // a's reply keeps its own address.
     let other_pod: Ipv4Addr = "10.221.2.7".parse().unwrap();
     let to_a = |src: Ipv4Addr| [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(src, a.ip, UDP, &[], 0, &datagram)].concat();
     from_uplink("from another node's pod", to_a(other_pod), TC_ACT_REDIRECT, None);
     let client: Ipv4Addr = "192.0.2.77".parse().unwrap();
     from_uplink("from outside the cluster", to_a(client), TC_ACT_UNSPEC, None);
+    let into_a = [ethernet(a.pod_mac, a.host_mac, ETH_IPV4), ipv4(client, a.ip, UDP, &[], 0, &datagram)].concat();
+    let (verdict, _) = run_arrived(tb, "to_pod", &a.host_ifname, "uplink0", into_a);
+    assert_eq!(verdict, TC_ACT_UNSPEC, "to_pod never drops");
     let answer = [from_a(ETH_IPV4), ipv4(a.ip, client, UDP, &[], 0, &udp(53, 40000, b"query"))].concat();
     let out = to_uplink("reply to the outside's flow", answer, TC_ACT_UNSPEC, None);
     assert_eq!(out[26..30], a.ip.octets(), "a reply in a flow opened from outside was masqueraded");

@@ -9,7 +9,7 @@ use std::net::Ipv6Addr;
 use ebpf_cni_tests::{
     Cluster, EXT_SERVER_V6, EXT_UPLINK_IPV6, NODE1_UPLINK_IPV6,
     frames::{ethernet, ipv6, ipv6_checksum_valid},
-    prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect},
+    prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run_arrived},
     run_in,
 };
 use ebpf_common::DropReason;
@@ -107,9 +107,34 @@ fn ipv6_on_the_uplink_gets_its_documented_translations() {
     let node_own = from_uplink("to a node port", frame(ext, node, UDP, &udp(53, 40000, b"?")), TC_ACT_UNSPEC);
     assert_eq!(node_own[DST], node.octets(), "left to the node");
 
-    // From outside to the pod: through the stack, and the pod's reply keeps its address.
+    // From outside to the pod: through the stack, which hands it into the pod (`to_pod` records
+    // the flow there), and the pod's reply keeps its address. A source of this node's pods
+    // from the LAN is forged: dropped.
     let client: Ipv6Addr = "fd00:192:0:2::77".parse().unwrap();
     from_uplink("from outside the cluster", frame(client, a, UDP, &udp(5000, 8080, b"hi")), TC_ACT_UNSPEC);
+    let host_veth = result["interfaces"][0]["name"].as_str().unwrap().to_string();
+    let (verdict, _) = run_arrived(tb, "to_pod", &host_veth, "uplink0", frame(client, a, UDP, &udp(5000, 8080, b"hi")));
+    assert_eq!(verdict, TC_ACT_UNSPEC, "to_pod never drops");
+    let forged = frame(a, a, UDP, &udp(5000, 8080, b"hi"));
+    expect(
+        tb,
+        "from_uplink6",
+        "uplink0",
+        "from the pod's own address",
+        forged,
+        TC_ACT_SHOT,
+        Some(DropReason::SpoofedUplinkSource),
+    );
+    let forged = frame("fd00:10:222:1::fb".parse().unwrap(), a, UDP, &udp(5000, 8080, b"hi"));
+    expect(
+        tb,
+        "from_uplink6",
+        "uplink0",
+        "from the pod subnet",
+        forged,
+        TC_ACT_SHOT,
+        Some(DropReason::SpoofedUplinkSource),
+    );
     let answer = to_uplink("the pod's answer", frame(a, client, UDP, &udp(8080, 5000, b"ho")), TC_ACT_UNSPEC, None);
     assert_eq!(answer[SRC], a.octets(), "a reply in a flow opened from outside was masqueraded");
 
@@ -135,7 +160,6 @@ fn ipv6_on_the_uplink_gets_its_documented_translations() {
     run_in(&n1, "ip", &["-6", "route", "add", "fd00:10:222:9::/64", "via", EXT_UPLINK_IPV6]).unwrap();
     run_in(&n1, "ping", &["-6", "-c", "1", "-W", "2", EXT_UPLINK_IPV6]).unwrap();
     let remote: Ipv6Addr = "fd00:10:222:9::5".parse().unwrap();
-    let host_veth = result["interfaces"][0]["name"].as_str().unwrap().to_string();
     let from_pod =
         |what: &str, frame: Vec<u8>, verdict: u32| expect(tb, "from_pod", &host_veth, what, frame, verdict, None);
     let out = from_pod("to another node's pod", frame(a, remote, UDP, &udp(7000, 7001, b"x")), TC_ACT_REDIRECT);

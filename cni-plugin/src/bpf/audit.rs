@@ -79,8 +79,15 @@ impl Datapath {
             Err(e) => drop(first_err.get_or_insert(e)),
         };
         note(self.remove_endpoints_where(|o| !valid_owners.contains(&o)), &mut done.endpoints);
-        note(self.remove_nat_where(|o| !valid_owners.contains(&o)), &mut done.nat_entries);
-        note(self.remove_flows_where(|o| !valid_owners.contains(&o)), &mut done.flow_entries);
+        // Programs that check owners ignore the flows of gone owners: GC sweeps those after it
+        // lets the lock go (`nat::sweep_flows`), not while every ADD of the node waits.
+        if self.checks_owners() {
+            let counted = self.remove_pod_flows_where(|o| !valid_owners.contains(&o));
+            note(counted.map(|()| 0), &mut done.nat_entries);
+        } else {
+            note(self.remove_nat_where(|o| !valid_owners.contains(&o)), &mut done.nat_entries);
+            note(self.remove_flows_where(|o| !valid_owners.contains(&o)), &mut done.flow_entries);
+        }
         match self.remove_if_unused(node).await {
             Ok(removed) => done.network_removed = removed,
             Err(e) => drop(first_err.get_or_insert(e)),

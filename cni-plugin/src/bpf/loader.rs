@@ -31,7 +31,7 @@ const OBJECT_NEEDS_KERNEL_BTF: bool = false;
 const VERIFY_ORDER: [&str; 6] =
     [names::TO_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK, names::FROM_UPLINK6, names::FROM_POD, names::TO_POD];
 
-const MAPS: [&str; 8] = [
+const MAPS: [&str; 9] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -40,6 +40,7 @@ const MAPS: [&str; 8] = [
     names::POD_FLOWS,
     names::FLOWS,
     names::SETTINGS,
+    names::FEATURES,
 ];
 
 impl Datapath {
@@ -88,6 +89,9 @@ impl Datapath {
         let mut recorded: Array<_, DatapathConfig> = Array::try_from(ebpf.map_mut(names::SETTINGS).expect("pinned"))
             .cni(ErrorCode::INTERNAL, "SETTINGS has another layout")?;
         recorded.set(0, settings.config, 0).cni(ErrorCode::DATAPATH, "cannot record the settings")?;
+        let mut features: Array<_, u64> = Array::try_from(ebpf.map_mut(names::FEATURES).expect("pinned"))
+            .cni(ErrorCode::INTERNAL, "FEATURES has another layout")?;
+        features.set(0, ebpf_common::FEATURE_OWNER_CHECKS, 0).cni(ErrorCode::DATAPATH, "cannot record the features")?;
         // Only the programs the network attaches: the verifier's time is most of a first ADD,
         // and a network without masquerade, or without IPv6, never runs the uplink's (IPv6) ones.
         let uplink_programs = if settings.uplink.is_some() { uplink::programs_for(&settings.config) } else { &[] };

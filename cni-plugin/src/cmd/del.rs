@@ -17,7 +17,8 @@ pub async fn del(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()>
 
 /// The veth first: deleting it removes its tc filter and the host route with it. A packet
 /// steered to the vanished veth in between is dropped and counted (redirect-failed). Then the
-/// endpoint, NAT and FLOWS entries (and the network's pins after its last pod), then the addresses.
+/// endpoint and its flow count (its NAT and FLOWS entries age, ignored by the programs), the
+/// network's pins after its last pod, then the addresses.
 /// Keeps going past a failed step; reports the first.
 pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink) -> CniResult<()> {
     let attachment = Attachment::new(&env.container_id, &env.ifname);
@@ -30,7 +31,8 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink)
         match Datapath::lock(&root, &conf.name) {
             Ok(dp) => {
                 // Each step whatever the one before did: a failed one must not leave the rest.
-                let removed = [dp.remove_endpoints(owner), dp.remove_nat(owner), dp.remove_flows(owner)];
+                // No scan of the flow maps when the programs check owners (`bpf/nat.rs`).
+                let removed = [dp.remove_endpoints(owner), dp.forget_flows(owner)];
                 for result in removed {
                     if let Err(e) = result {
                         first_err.get_or_insert(e);

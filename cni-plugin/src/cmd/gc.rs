@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use crate::{
     attachment::{self, ALIAS_PREFIX, Attachment},
-    bpf::Datapath,
+    bpf::{self, Datapath, Pins},
     cni::{CniError, CniResult, Context, ErrorCode, config::NetConf, env::CniEnv},
     ipam::{Holder, Ipam},
     net::netlink::Netlink,
@@ -66,6 +66,16 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
         let collect = async { Datapath::lock(&root, &conf.name)?.collect_garbage(&owners, &node).await };
         match collect.await {
             Ok(done) => collected = Some(done),
+            Err(e) => drop(first_err.get_or_insert(e)),
+        }
+        // The lock is gone: the sweep of the flow maps holds up no ADD.
+        match bpf::sweep_flows(&Pins::current(&root, &conf.name)) {
+            Ok((nat, flows)) => {
+                if let Some(done) = collected.as_mut() {
+                    done.nat_entries += nat;
+                    done.flow_entries += flows;
+                }
+            }
             Err(e) => drop(first_err.get_or_insert(e)),
         }
     }
