@@ -375,3 +375,95 @@ fn a_closed_pipe_ends_the_page_quietly() {
     assert!(out.status.success() || out.status.signal() == Some(libc::SIGPIPE), "{} {stderr}", out.status);
     assert!(stderr.is_empty(), "{stderr}");
 }
+
+/// A client that opens a request and never ends its headers: one byte a second. Returns how long
+/// after connecting the server cut it off, or `None` if it still had not after 10 s.
+fn trickle(netns: &str, at: SocketAddr) -> Option<Duration> {
+    let mut stream =
+        traffic::in_netns(netns, move || Ok(TcpStream::connect_timeout(&at, Duration::from_secs(2))?)).ok()?;
+    let connected = Instant::now();
+    stream.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let bytes = b"GET /metrics HTTP/1.1\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'a'));
+    let mut buf = [0u8; 512];
+    for byte in bytes {
+        if connected.elapsed() > Duration::from_secs(10) {
+            return None;
+        }
+        if stream.write_all(&[*byte]).is_err() {
+            return Some(connected.elapsed());
+        }
+        // The pace: a second of waiting for the server to close (or answer) between two bytes.
+        match stream.read(&mut buf) {
+            Ok(_) => return Some(connected.elapsed()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return Some(connected.elapsed()),
+        }
+    }
+    unreachable!()
+}
+
+/// Issue 24 item 6, the attack: clients on the agent's metrics port that send nothing, or a byte a
+/// second without ever ending their headers. Scrapes beside them are answered at once, and each
+/// slow client is cut off at the server's whole-request deadline (5 s), however it trickles.
+#[test]
+fn slow_clients_do_not_hold_the_scrape() {
+    let Some(tb) = Testbed::for_test("slow_clients_do_not_hold_the_scrape", "metsl", "10.218.7.0/24") else {
+        return;
+    };
+    let netns = tb.node.name.clone();
+    let nodes_file = tb.data_dir().with_file_name("nodes.json");
+    let list = json!({ "items": [{ "metadata": { "name": "n1" }, "spec": { "podCIDR": "10.218.7.0/24" },
+                                   "status": { "addresses": [{ "type": "InternalIP", "address": UNDERLAY_IPS[0] }] } }] });
+    std::fs::write(&nodes_file, list.to_string()).unwrap();
+    let no_node_conf = tb.data_dir().with_file_name("no-node.json");
+    // Loopback of the node's namespace, as in the test above.
+    let at: SocketAddr = "127.0.0.1:9963".parse().unwrap();
+    let args = [
+        "--nodes-file",
+        nodes_file.to_str().unwrap(),
+        "--node-conf",
+        no_node_conf.to_str().unwrap(),
+        "--metrics-addr",
+        &at.to_string(),
+    ];
+    let agent = RunningAgent::start(&tb, "n1", &args).unwrap();
+    scrape_until(&netns, at, &agent, "a first page", |_| true);
+
+    // One client that connects and says nothing, four that trickle.
+    let silent = traffic::in_netns(&netns, move || Ok(TcpStream::connect(at)?)).unwrap();
+    let silent_since = Instant::now();
+    let slow: Vec<_> = (0..4)
+        .map(|_| {
+            let netns = netns.clone();
+            std::thread::spawn(move || trickle(&netns, at))
+        })
+        .collect();
+    sleep(Duration::from_millis(1500));
+    let scrapes: Vec<_> = (0..4)
+        .map(|_| {
+            let netns = netns.clone();
+            std::thread::spawn(move || {
+                let asked = Instant::now();
+                (http_get(&netns, at, "/metrics").map(|(status, _, _)| status), asked.elapsed())
+            })
+        })
+        .collect();
+    for scrape in scrapes {
+        let (status, took) = scrape.join().unwrap();
+        eprintln!("a scrape beside 5 slow clients: {status:?} in {took:?}");
+        assert_eq!(status.ok().as_deref(), Some("HTTP/1.1 200 OK"), "after {took:?}: {}", agent.log());
+        assert!(took < Duration::from_secs(1), "the scrape took {took:?} beside slow clients");
+    }
+    for client in slow {
+        let cut = client.join().unwrap();
+        eprintln!("a trickling client was cut off after {cut:?}");
+        assert!(cut.is_some_and(|d| d <= Duration::from_secs(6)), "a trickling client was kept {cut:?}");
+    }
+    let mut silent = silent;
+    let left = Duration::from_secs(6).saturating_sub(silent_since.elapsed());
+    silent.set_read_timeout(Some(left.max(Duration::from_millis(100)))).unwrap();
+    let closed = silent.read(&mut [0u8; 64]);
+    let kept = silent_since.elapsed();
+    eprintln!("the silent client was cut off after {kept:?} ({closed:?})");
+    assert!(matches!(closed, Ok(0)) && kept <= Duration::from_secs(6), "the silent client: {closed:?} after {kept:?}");
+}
