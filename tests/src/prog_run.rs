@@ -88,3 +88,46 @@ pub fn expect(
     }
     out
 }
+
+/// Runs the pinned program `name` on `frame` as if it arrived on `ifname` from a NIC that
+/// reports `CHECKSUM_COMPLETE`: the kernel sets `skb->csum` to the sum of the frame and fails the
+/// run with `EBADMSG` if the program leaves it disagreeing with the frame it returns
+/// (`BPF_F_TEST_SKB_CHECKSUM_COMPLETE`, Linux 6.12 and later; aya has no setter for it, hence
+/// the raw `bpf(2)` call).
+pub fn run_checksum_complete(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>) -> anyhow::Result<(u32, Vec<u8>)> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    const BPF_F_TEST_SKB_CHECKSUM_COMPLETE: u32 = 1 << 2;
+    let pin = tb.version_dir().join("progs").join(name);
+    let ifname = CString::new(ifname).unwrap();
+    in_netns(&tb.node.name, move || {
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+        anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
+        let mut ctx = [0u8; 44];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let program = SchedClassifier::from_pin(&pin)?;
+        let fd = program.fd()?.as_fd().as_raw_fd();
+        let mut out = vec![0u8; frame.len() + 64];
+        // `union bpf_attr`'s `test` member, field by field (offsets of the UAPI struct).
+        let mut attr = [0u8; 80];
+        let mut put = |at: usize, bytes: &[u8]| attr[at..at + bytes.len()].copy_from_slice(bytes);
+        put(0, &(fd as u32).to_ne_bytes());
+        put(8, &(frame.len() as u32).to_ne_bytes());
+        put(12, &(out.len() as u32).to_ne_bytes());
+        put(16, &(frame.as_ptr() as u64).to_ne_bytes());
+        put(24, &(out.as_mut_ptr() as u64).to_ne_bytes());
+        put(32, &1u32.to_ne_bytes());
+        put(40, &(ctx.len() as u32).to_ne_bytes());
+        put(48, &(ctx.as_ptr() as u64).to_ne_bytes());
+        put(64, &BPF_F_TEST_SKB_CHECKSUM_COMPLETE.to_ne_bytes());
+        // SAFETY: `attr` is a valid `test` attribute whose pointers outlive the call.
+        let ret = unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, attr.as_mut_ptr(), attr.len()) };
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let retval = u32::from_ne_bytes(attr[4..8].try_into().unwrap());
+        out.truncate(u32::from_ne_bytes(attr[12..16].try_into().unwrap()) as usize);
+        Ok((retval, out))
+    })
+}

@@ -9,7 +9,7 @@ use std::net::Ipv6Addr;
 use ebpf_cni_tests::{
     Cluster, EXT_SERVER_V6, EXT_UPLINK_IPV6, NODE1_UPLINK_IPV6,
     frames::{ethernet, ipv6, ipv6_checksum_valid},
-    prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run_arrived},
+    prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run_arrived, run_checksum_complete},
     run_in,
 };
 use ebpf_common::DropReason;
@@ -89,6 +89,19 @@ fn ipv6_on_the_uplink_gets_its_documented_translations() {
         let restored = port_at(&back, reply_port_at);
         assert_eq!(restored, port_at(&frame(a, ext, next, &l4), port_offset), "{what}: reply's port");
         assert!(ipv6_checksum_valid(&back[14..]), "{what}: checksum of the translated reply");
+    }
+
+    // From a NIC that reports CHECKSUM_COMPLETE (`skb->csum`, the sum of the whole packet): the
+    // translation leaves it right both ways, or the stack would drop the packet as corrupt.
+    for (what, next, l4) in [("UDP", UDP, udp(41000, 53, b"query")), ("TCP", TCP, tcp(41001, 443, 0x02))] {
+        let out = run_checksum_complete(tb, "to_uplink6", "uplink0", frame(a, ext, next, &l4))
+            .unwrap_or_else(|e| panic!("{what} out, CHECKSUM_COMPLETE: {e}"));
+        assert_eq!(out.1[SRC], node.octets(), "{what}: masqueraded");
+        let mut reply = if next == UDP { udp(53, 0, b"answer") } else { tcp(443, 0, 0x12) };
+        reply[2..4].copy_from_slice(&port_at(&out.1, 0).to_be_bytes());
+        let back = run_checksum_complete(tb, "from_uplink6", "uplink0", frame(ext, node, next, &reply))
+            .unwrap_or_else(|e| panic!("{what} reply, CHECKSUM_COMPLETE: {e}"));
+        assert_eq!(back.1[DST], a.octets(), "{what}: reply translated back");
     }
 
     // Packet too big, quoting the masqueraded UDP datagram: back to the pod, quote translated,
