@@ -18,7 +18,7 @@ const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
 /// More-fragments flag and fragment offset: any of them set means this is a fragment.
 pub const FRAGMENT_BITS: u16 = 0x3fff;
-const MORE_FRAGMENTS: u16 = 0x2000;
+pub const MORE_FRAGMENTS: u16 = 0x2000;
 const FRAGMENT_OFFSET: u16 = 0x1fff;
 
 /// Where things are in an Ethernet + IPv4 frame.

@@ -3,7 +3,9 @@
 //! protocol, addresses and IPv4 identification, and those fragments get it too (the L4
 //! checksum, in the first fragment, already covers the whole datagram). A later fragment that
 //! arrives before its first is dropped on the way out (`NatUntranslatable`) and left to the node
-//! on the way in.
+//! on the way in. The last fragment (more-fragments clear) removes the entry: the 16-bit
+//! identification wraps, and a datagram that reuses it must not find the old one's address
+//! (a later fragment arriving before its own first would go to another pod).
 use aya_ebpf::{bindings::BPF_ANY, programs::TcContext};
 use ebpf_common::{DropReason, FAMILY_IPV4, ForwardPath, FragmentEntry, FragmentKey, ipv4_in_16};
 use network_types::ip::Ipv4Hdr;
@@ -50,6 +52,9 @@ fn translate(ctx: &TcContext, side: Side) -> Option<Result<(), DropReason>> {
     let key = key(ip.proto, ip.src_addr, ip.dst_addr, u16::from_be_bytes(ip.id));
     // SAFETY: the value is copied out at once.
     let entry = unsafe { maps::FRAGMENTS.get(&key).copied() }?;
+    if u16::from_be_bytes(ip.frags) & flow::MORE_FRAGMENTS == 0 {
+        let _ = maps::FRAGMENTS.remove(&key);
+    }
     let old = if side == Side::Source { ip.src_addr } else { ip.dst_addr };
     Some(rewrite_address(ctx, side, old, flow::v4_from_16(entry.addr)))
 }

@@ -215,3 +215,55 @@ fn icmp_errors_quoting_a_short_ipv4_header_are_not_translated() {
         assert_eq!(to_pod, translated, "IHL {ihl}: translated {to_pod}");
     }
 }
+
+/// `frame` as a fragment: IPv4 identification `id`, flags and offset `frags` (checksums redone).
+fn fragment(mut frame: Vec<u8>, id: u16, frags: u16) -> Vec<u8> {
+    frame[18..20].copy_from_slice(&id.to_be_bytes());
+    frame[20..22].copy_from_slice(&frags.to_be_bytes());
+    with_checksums(frame)
+}
+
+#[test]
+fn a_reused_fragment_id_finds_no_old_datagram() {
+    let Some(mut c) = Cluster::for_test(
+        "a_reused_fragment_id_finds_no_old_datagram",
+        "frag",
+        "10.226.0.0/16",
+        ["10.226.1.0/24", "10.226.2.0/24"],
+    ) else {
+        return;
+    };
+    let tb = &mut c.nodes[0];
+    let a = tb.new_pod().unwrap();
+    let a = tb.add_attachment(a).unwrap();
+    let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
+    let node = Node { tb, a, node_ip: NODE1_UPLINK_IP.parse().unwrap() };
+    let datagram = [&40000u16.to_be_bytes()[..], &53u16.to_be_bytes(), &[0, 72, 0, 0], &[7; 64]].concat();
+    let out = |frame: Vec<u8>| [ethernet([2; 6], [4; 6], ETH_IPV4), frame].concat();
+    let a_to_ext = |l4: &[u8]| out(ipv4(node.a.ip, ext, UDP, l4));
+    let to_uplink = |what: &str, frame: Vec<u8>, verdict: u32, reason: Option<DropReason>| {
+        expect(node.tb, "to_uplink", "uplink0", what, frame, verdict, reason)
+    };
+
+    // Out: a's datagram 0x4242 in two fragments; the last one ends it.
+    let first = to_uplink("first fragment", fragment(a_to_ext(&datagram), 0x4242, 0x2000), TC_ACT_UNSPEC, None);
+    let port = port_of(&first);
+    to_uplink("last fragment", fragment(a_to_ext(&[7; 16]), 0x4242, 9), TC_ACT_UNSPEC, None);
+    // 65,536 datagrams later the identification comes round: a fragment of the new datagram that
+    // arrives before its first is not sent with the old one's translation.
+    let reused = fragment(a_to_ext(&[7; 16]), 0x4242, 9);
+    to_uplink("a later fragment reusing the id", reused, TC_ACT_SHOT, Some(DropReason::NatUntranslatable));
+
+    // In: the reply in two fragments reaches a; a later datagram with the same identification
+    // whose first fragment has not come is left to the node, not handed to a.
+    let to_node = |l4: &[u8]| [ethernet([4; 6], [2; 6], ETH_IPV4), ipv4(ext, node.node_ip, UDP, l4)].concat();
+    let reply = [&53u16.to_be_bytes()[..], &port.to_be_bytes(), &[0, 72, 0, 0], &[7; 64]].concat();
+    let from_uplink =
+        |what: &str, frame: Vec<u8>| expect(node.tb, "from_uplink", "uplink0", what, frame, TC_ACT_UNSPEC, None);
+    let back = from_uplink("reply's first fragment", fragment(to_node(&reply), 0x5151, 0x2000));
+    assert_eq!(back[30..34], node.a.ip.octets(), "reply's first fragment reaches a");
+    let back = from_uplink("reply's last fragment", fragment(to_node(&[7; 16]), 0x5151, 9));
+    assert_eq!(back[30..34], node.a.ip.octets(), "reply's last fragment reaches a");
+    let back = from_uplink("a later fragment reusing the id", fragment(to_node(&[7; 16]), 0x5151, 9));
+    assert_eq!(back[30..34], node.node_ip.octets(), "a fragment of another datagram went to a");
+}
