@@ -39,11 +39,14 @@ pub enum DropReason {
     /// would be delivered straight into a pod by `bpf_redirect_peer`, past rp_filter and
     /// netfilter, as if a local pod had sent it.
     SpoofedUplinkSource = 12,
+    /// The pod holds as many masqueraded flows as it may, in total or towards this destination
+    /// (`NAT_SHARES`): its new flow gets no port, so the others keep theirs.
+    NatPodShare = 13,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 12] = [
+    pub const ALL: [DropReason; 13] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -56,6 +59,7 @@ impl DropReason {
         Self::SpoofedNeighbor,
         Self::Loopback,
         Self::SpoofedUplinkSource,
+        Self::NatPodShare,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -75,6 +79,7 @@ impl DropReason {
             Self::SpoofedNeighbor => "spoofed-neighbor",
             Self::Loopback => "loopback",
             Self::SpoofedUplinkSource => "spoofed-uplink-source",
+            Self::NatPodShare => "nat-pod-share",
         }
     }
 

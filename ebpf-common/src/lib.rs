@@ -11,6 +11,7 @@ mod endpoint;
 mod flows;
 mod forward_path;
 mod nat;
+mod shares;
 
 pub use config::DatapathConfig;
 pub use drop_reason::DropReason;
@@ -20,6 +21,7 @@ pub use endpoint::{
 pub use flows::*;
 pub use forward_path::ForwardPath;
 pub use nat::*;
+pub use shares::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
 pub const PIN_LAYOUT_VERSION: u32 = 3;
@@ -52,6 +54,7 @@ pub mod names {
     pub const POD_FLOWS: &str = "POD_FLOWS";
     pub const SETTINGS: &str = "SETTINGS";
     pub const FEATURES: &str = "FEATURES";
+    pub const NAT_SHARES: &str = "NAT_SHARES";
     /// The global holding [`crate::DatapathConfig`].
     pub const CONFIG: &str = "CONFIG";
 }
@@ -68,5 +71,7 @@ mod pod {
     unsafe impl aya::Pod for crate::FragmentKey {}
     unsafe impl aya::Pod for crate::FragmentEntry {}
     unsafe impl aya::Pod for crate::PodFlows {}
+    unsafe impl aya::Pod for crate::ShareKey {}
+    unsafe impl aya::Pod for crate::Share {}
     unsafe impl aya::Pod for crate::DatapathConfig {}
 }

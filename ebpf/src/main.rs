@@ -1,7 +1,7 @@
 //! TC programs of ebpf-cni. Entry points only: each one hands the packet to a module that owns
 //! one concern (`from_pod.rs`, `to_pod.rs`, `to_uplink.rs`, `from_uplink.rs`, and below them
 //! `arp.rs`, `ipv6.rs`, `ndp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`,
-//! `icmp_error.rs`, `checksum.rs`, `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`,
+//! `icmp_error.rs`, `checksum.rs`, `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`, `shares.rs`,
 //! `port_search.rs`; for IPv6 on the uplink `uplink6.rs`, `snat6.rs`, `flow6.rs`, `rewrite6.rs`,
 //! `icmp_error6.rs`).
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -51,6 +51,8 @@ mod rev_snat;
 mod rewrite;
 #[cfg(target_arch = "bpf")]
 mod rewrite6;
+#[cfg(target_arch = "bpf")]
+mod shares;
 #[cfg(target_arch = "bpf")]
 mod snat;
 #[cfg(target_arch = "bpf")]

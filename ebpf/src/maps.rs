@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use ebpf_common::{
     Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
-    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, IpKey, NAT_MAX_ENTRIES, NatEntry,
-    POD_FLOWS_MAX_ENTRIES, PodFlows,
+    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, IpKey, NAT_MAX_ENTRIES, NAT_SHARES_MAX_ENTRIES,
+    NatEntry, POD_FLOWS_MAX_ENTRIES, PodFlows, Share, ShareKey,
 };
 
 /// Hash maps whose entries are allocated when inserted: creating a preallocated map of 65,536
@@ -32,6 +32,14 @@ pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentEntry, { FRAGMENTS_MAX_ENT
 /// New masqueraded flows per pod in the current minute, by owner (see `pod_flows.rs`).
 #[btf_map]
 pub static POD_FLOWS: HashMap<u64, PodFlows, { POD_FLOWS_MAX_ENTRIES as usize }, NO_PREALLOC> = HashMap::new();
+
+/// Masqueraded flows each pod holds, in total and per destination (see `shares.rs`). LRU.
+#[btf_map]
+pub static NAT_SHARES: LruHashMap<ShareKey, Share, { NAT_SHARES_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+/// Scratch room for the two `NAT_SHARES` keys of a new flow (`shares.rs`), per CPU.
+#[btf_map]
+pub static SHARE_KEYS: PerCpuArray<ShareKey, 2> = PerCpuArray::new();
 
 /// Flows the node's stack handled, keyed by their replies (see `steer.rs`). LRU.
 #[btf_map]

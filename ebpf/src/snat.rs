@@ -22,7 +22,7 @@ use crate::{
     maps, node_sockets, pod_flows,
     port_search::{PortSearch, SOCKET_SEARCHES},
     rewrite::{Side, rewrite},
-    steer,
+    shares, steer,
 };
 
 /// What masquerade did with a pod's packet.
@@ -127,6 +127,33 @@ unsafe fn refresh(entry: *mut NatEntry, now: u64) {
     }
 }
 
+/// Ports are 1–65535: 0 and these stand for the three reasons a new flow gets none.
+const POD_LIMIT: u32 = 0x1_0000;
+const POD_SHARE: u32 = 0x1_0001;
+
+/// An allocation's outcome in one word (a port, or why none), for an allocation in a BPF
+/// function of its own (`snat6.rs`: a BPF function returns one register).
+#[inline(always)]
+pub fn pack(allocated: Result<u16, DropReason>) -> u32 {
+    match allocated {
+        Ok(port) => u32::from(port),
+        Err(DropReason::NatPodLimit) => POD_LIMIT,
+        Err(DropReason::NatPodShare) => POD_SHARE,
+        Err(_) => 0,
+    }
+}
+
+/// [`pack`] undone.
+#[inline(always)]
+pub fn unpack(packed: u32) -> Result<u16, DropReason> {
+    match packed {
+        0 => Err(DropReason::NatPortsExhausted),
+        POD_LIMIT => Err(DropReason::NatPodLimit),
+        POD_SHARE => Err(DropReason::NatPodShare),
+        port => Ok(port as u16),
+    }
+}
+
 /// Finds a port for a new flow among random ones of the configured range and records both
 /// entries. If the second cannot be written, the port claimed for the first is given back.
 ///
@@ -139,16 +166,22 @@ fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, n
     if !pod_flows::admit(owner, now, config.pod_flows_per_minute) {
         return Err(DropReason::NatPodLimit);
     }
-    let port = claim_free_port(ctx, flow, config, owner, now)?;
+    let share = reply_key(flow, config.node_ipv4, 0);
+    if !shares::admit(owner, &share, config) {
+        return Err(DropReason::NatPodShare);
+    }
+    let port = claim_free_port(ctx, flow, config, owner, now).inspect_err(|_| shares::release(owner, &share))?;
     let egress =
         NatEntry { addr: ipv4_in_16(config.node_ipv4), port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
     if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_NOEXIST)).is_err() {
         if let Some(theirs) = existing_port(flow, config, now, owner) {
             let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
+            shares::release(owner, &share);
             return Ok(theirs);
         }
         if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_ANY)).is_err() {
             let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
+            shares::release(owner, &share);
             return Err(DropReason::NatPortsExhausted);
         }
     }
@@ -177,6 +210,10 @@ fn claim_free_port(
     let mut search = PortSearch::new(reply_key(flow, config.node_ipv4, 0), reply_entry(flow, owner, now), config);
     for _ in 0..SOCKET_SEARCHES {
         let port = search.next().ok_or(DropReason::NatPortsExhausted)?;
+        // The flow that held the port idled out or lost its pod: it holds nothing now.
+        if search.taken_from != 0 {
+            shares::release(search.taken_from, &search.key);
+        }
         if !node_sockets::hold(ctx, flow, config.node_ipv4, port) {
             return Ok(port);
         }

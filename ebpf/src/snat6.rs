@@ -15,6 +15,7 @@ use crate::{
     port_search::{PortSearch, SOCKET_SEARCHES},
     rewrite::Side,
     rewrite6::rewrite,
+    shares,
     snat::{self, Outcome},
     steer,
 };
@@ -28,7 +29,7 @@ pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow6, owner:
     let port = match existing_port(flow, config, now, owner) {
         Some(port) => port,
         None if !flow.opens() && steer::has(&flow.key, FLOW_FROM_OUTSIDE, owner) => return Ok(Outcome::OwnAddress),
-        None => unpack(allocate_apart(ctx, flow, config, owner, now))?,
+        None => snat::unpack(allocate_apart(ctx, flow, config, owner, now))?,
     };
     rewrite(ctx, flow, Side::Source, &config.node_ipv6, port)?;
     Ok(Outcome::Masqueraded)
@@ -77,28 +78,10 @@ fn existing_port(flow: &Flow6, config: &DatapathConfig, now: u64, owner: u64) ->
     Some(port)
 }
 
-/// [`allocate`] in a BPF function of its own: the port search's state then never sits on the
-/// per-packet path's frame, and the two fit the 512-byte stack one after the other. A new flow
-/// pays the call. The result is packed in one word (a BPF function returns one register).
+/// [`allocate`] in a BPF function of its own, as `snat::allocate_apart`.
 #[inline(never)]
 fn allocate_apart(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, now: u64) -> u32 {
-    match allocate(ctx, flow, config, owner, now) {
-        Ok(port) => u32::from(port),
-        Err(DropReason::NatPodLimit) => POD_LIMIT,
-        Err(_) => 0,
-    }
-}
-
-/// Ports are 1–65535: 0 and this stand for the two reasons a new flow gets none.
-const POD_LIMIT: u32 = 0x1_0000;
-
-#[inline(always)]
-fn unpack(packed: u32) -> Result<u16, DropReason> {
-    match packed {
-        0 => Err(DropReason::NatPortsExhausted),
-        POD_LIMIT => Err(DropReason::NatPodLimit),
-        port => Ok(port as u16),
-    }
+    snat::pack(allocate(ctx, flow, config, owner, now))
 }
 
 #[inline(always)]
@@ -106,8 +89,15 @@ fn allocate(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, 
     if !pod_flows::admit(owner, now, config.pod_flows_per_minute) {
         return Err(DropReason::NatPodLimit);
     }
+    let share = reply_key(flow, config, 0);
+    if !shares::admit(owner, &share, config) {
+        return Err(DropReason::NatPodShare);
+    }
     let port = match claim_free_port(ctx, flow, config, owner, now) {
-        0 => return Err(DropReason::NatPortsExhausted),
+        0 => {
+            shares::release(owner, &share);
+            return Err(DropReason::NatPortsExhausted);
+        }
         port => port,
     };
     let egress = NatEntry { addr: config.node_ipv6, port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
@@ -115,10 +105,12 @@ fn allocate(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, 
     if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_NOEXIST)).is_err() {
         if let Some(theirs) = existing_port(flow, config, now, owner) {
             let _ = maps::NAT.remove(&reply_key(flow, config, port));
+            shares::release(owner, &share);
             return Ok(theirs);
         }
         if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_ANY)).is_err() {
             let _ = maps::NAT.remove(&reply_key(flow, config, port));
+            shares::release(owner, &share);
             return Err(DropReason::NatPortsExhausted);
         }
     }
@@ -141,6 +133,10 @@ fn claim_free_port(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner
     let mut search = PortSearch::new(reply_key(flow, config, 0), reply_entry(flow, owner, now), config);
     for _ in 0..SOCKET_SEARCHES {
         let Some(port) = search.next() else { return 0 };
+        // As in `snat::claim_free_port`.
+        if search.taken_from != 0 {
+            shares::release(search.taken_from, &search.key);
+        }
         if !node_sockets::hold6(ctx, flow, &config.node_ipv6, port) {
             return port;
         }

@@ -65,9 +65,7 @@ pub fn has(key: &FlowKey, flag: u32, owner: u64) -> bool {
     };
     // SAFETY: an LRU value, valid while this program runs.
     unsafe {
-        if (*entry).owner != owner
-            || (*entry).flags & flag == 0
-            || now.saturating_sub((*entry).last_seen_ns) > timeout
+        if (*entry).owner != owner || (*entry).flags & flag == 0 || now.saturating_sub((*entry).last_seen_ns) > timeout
         {
             return false;
         }

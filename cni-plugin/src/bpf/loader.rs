@@ -31,7 +31,7 @@ const OBJECT_NEEDS_KERNEL_BTF: bool = false;
 const VERIFY_ORDER: [&str; 6] =
     [names::TO_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK, names::FROM_UPLINK6, names::FROM_POD, names::TO_POD];
 
-const MAPS: [&str; 9] = [
+const MAPS: [&str; 10] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -41,6 +41,7 @@ const MAPS: [&str; 9] = [
     names::FLOWS,
     names::SETTINGS,
     names::FEATURES,
+    names::NAT_SHARES,
 ];
 
 impl Datapath {

@@ -13,6 +13,6 @@ mod uplink;
 pub use audit::Expected;
 pub use bpffs::ensure_mounted as mount_bpffs_if_missing;
 pub use datapath::Datapath;
-pub use nat::sweep_flows;
+pub use nat::{recount_shares, sweep_flows};
 pub use pins::Pins;
 pub use settings::Settings;

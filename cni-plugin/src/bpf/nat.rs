@@ -7,13 +7,17 @@
 //! leaves its flows to age in the LRU maps: a scan of full `NAT` and `FLOWS` maps costs a third
 //! of a second, and DEL holds the node's lock. GC sweeps them after it has let the lock go
 //! ([`sweep_flows`]). For programs of a build before them, DEL and GC still purge under the lock.
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap as Counts};
 
 use aya::{
     Pod,
     maps::{Array, HashMap, Map, MapData},
 };
-use ebpf_common::{FEATURE_OWNER_CHECKS, FlowEntry, FlowKey, NatEntry, PodFlows, names};
+use ebpf_common::{
+    FEATURE_OWNER_CHECKS, FlowEntry, FlowKey, NAT_REPLY, NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_CLOSING_NS,
+    NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, PodFlows, Share, ShareKey, names,
+};
+use nix::time::{ClockId, clock_gettime};
 
 use super::{datapath::Datapath, pins::Pins, read};
 use crate::cni::{CniResult, Context, ErrorCode};
@@ -91,6 +95,60 @@ pub fn sweep_flows(pins: &Pins) -> CniResult<(usize, usize)> {
         remove_keys::<NatEntry>(pins, names::NAT, &nat, stale)?,
         remove_keys::<FlowEntry>(pins, names::FLOWS, &flows, stale)?,
     ))
+}
+
+/// Counts again what each pod holds through masquerade (`NAT_SHARES`, see ebpf-common's
+/// `shares.rs`) from the reply entries of `NAT` that are still live (within their idle timeout,
+/// their owner still an endpoint), and writes the counts over the programs' running ones: a
+/// flow the LRU forgot or that idled out unseen stops counting. Without the node's lock: a new
+/// flow counted by the programs meanwhile may be lost, which only makes a bound lenient until
+/// the next recount. Returns how many counts it wrote.
+pub fn recount_shares(pins: &Pins) -> CniResult<usize> {
+    let Some(mut shares) = open::<ShareKey, Share>(pins, names::NAT_SHARES)? else { return Ok(0) };
+    let Some(nat) = open::<FlowKey, NatEntry>(pins, names::NAT)? else { return Ok(0) };
+    let now = clock_gettime(ClockId::CLOCK_MONOTONIC).cni(ErrorCode::INTERNAL, "cannot read the clock")?;
+    let now = u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec()).unwrap_or(0);
+    let live: BTreeSet<u64> = read::endpoint_entries(pins)
+        .cni(ErrorCode::DATAPATH, "cannot read ENDPOINTS")?
+        .into_iter()
+        .map(|(_, endpoint)| endpoint.owner)
+        .collect();
+    let mut counts: Counts<ShareKey, u32> = Counts::new();
+    for (key, entry) in nat.iter().filter_map(Result::ok) {
+        let idle = now.saturating_sub(entry.last_seen_ns);
+        if entry.direction != NAT_REPLY || !live.contains(&entry.owner) || idle > timeout(&key, &entry) {
+            continue;
+        }
+        let towards = ShareKey {
+            owner: entry.owner,
+            family: key.family,
+            protocol: key.protocol,
+            dst_port: key.src_port,
+            pad: 0,
+            dst_addr: key.src_addr,
+        };
+        for share in [ShareKey::total(entry.owner), towards] {
+            *counts.entry(share).or_insert(0) += 1;
+        }
+    }
+    let stale: Vec<ShareKey> = shares.keys().filter_map(Result::ok).filter(|k| !counts.contains_key(k)).collect();
+    for key in &stale {
+        let _ = shares.remove(key);
+    }
+    for (key, held) in &counts {
+        shares.insert(key, Share { held: *held, pad: 0 }, 0).cni(ErrorCode::DATAPATH, "cannot write NAT_SHARES")?;
+    }
+    Ok(counts.len())
+}
+
+/// How long `entry`'s flow holds its port without a packet (as the programs' port search).
+fn timeout(key: &FlowKey, entry: &NatEntry) -> u64 {
+    match key.protocol {
+        6 if entry.closing != 0 => NAT_TIMEOUT_TCP_CLOSING_NS,
+        6 => NAT_TIMEOUT_TCP_NS,
+        1 | 58 => NAT_TIMEOUT_ICMP_NS,
+        _ => NAT_TIMEOUT_UDP_NS,
+    }
 }
 
 /// Removes the entries of the pinned flow map `name` whose owner `stale` picks.

@@ -69,7 +69,11 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
             Err(e) => drop(first_err.get_or_insert(e)),
         }
         // The lock is gone: the sweep of the flow maps holds up no ADD.
-        match bpf::sweep_flows(&Pins::current(&root, &conf.name)) {
+        let pins = Pins::current(&root, &conf.name);
+        if let Err(e) = bpf::recount_shares(&pins) {
+            first_err.get_or_insert(e);
+        }
+        match bpf::sweep_flows(&pins) {
             Ok((nat, flows)) => {
                 if let Some(done) = collected.as_mut() {
                     done.nat_entries += nat;
