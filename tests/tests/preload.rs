@@ -1,6 +1,7 @@
 //! The agent loads the primary network's datapath ahead of its first pod (from the node file),
-//! the first ADD then uses it as it is, a configuration with other settings replaces it while
-//! no pod uses it, the last DEL unloads it, and SIGTERM unloads it unless a pod uses it.
+//! the first ADD then uses it as it is, a configuration taking the primary network's name with
+//! other settings is refused and leaves it, a changed node file replaces it while no pod uses
+//! it, the last DEL unloads it, and SIGTERM unloads it unless a pod uses it.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -18,17 +19,26 @@ use serde_json::{Value, json};
 /// The node file naming the testbed's network primary, with `pod_cidr`; the nodes file holding
 /// only this node; their paths.
 fn node_files(tb: &Testbed, pod_cidr: &str) -> (PathBuf, PathBuf) {
+    node_files_with(tb, &[pod_cidr], json!({}))
+}
+
+/// The same with `pod_cidrs` (the first the primary network's, the others a secondary
+/// network's ranges) and the node file's keys `extra` added.
+fn node_files_with(tb: &Testbed, pod_cidrs: &[&str], extra: Value) -> (PathBuf, PathBuf) {
     let node_conf = tb.data_dir().with_file_name("node.json");
-    let node = json!({
+    let mut node = json!({
         "primaryNetwork": tb.network,
         "ipMasq": false,
-        "podCIDRs": [pod_cidr],
+        "podCIDRs": pod_cidrs,
         "bpffsRoot": tb.bpffs_root(),
         "ipamDataDir": tb.data_dir(),
     });
+    for (key, value) in extra.as_object().unwrap() {
+        node[key] = value.clone();
+    }
     fs::write(&node_conf, node.to_string()).unwrap();
     let nodes = tb.data_dir().with_file_name("nodes.json");
-    let list = json!({ "items": [{ "metadata": { "name": "n1" }, "spec": { "podCIDR": pod_cidr } }] });
+    let list = json!({ "items": [{ "metadata": { "name": "n1" }, "spec": { "podCIDR": pod_cidrs[0] } }] });
     fs::write(&nodes, list.to_string()).unwrap();
     (node_conf, nodes)
 }
@@ -94,21 +104,69 @@ fn the_first_add_uses_the_datapath_the_agent_loaded_and_the_last_del_unloads_it(
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }
 
-/// The node file's pod CIDR (a /16 here) is not the configuration's range subnet (a /24), so the
-/// cluster CIDR each derives differs: the ADD loads its own instead of being refused.
+/// The `SETTINGS` the network's datapath was loaded with, as bpftool formats them.
+fn loaded_settings(tb: &Testbed) -> Value {
+    let settings = tb.map_dump("SETTINGS").unwrap();
+    settings[0].get("formatted").unwrap_or(&settings[0])["value"].clone()
+}
+
+/// Issue 24's attack on the preload: after the agent loaded the primary network's datapath, a
+/// configuration taking the primary network's name (as a NetworkAttachmentDefinition may) with a
+/// wider subnet, still inside the node file's podCIDRs (a secondary network's range listed after
+/// the primary's), ADDs a pod before the node's first real one. It used to replace the preload
+/// with its own settings (cluster range 10.214.0.0/16), after which the real configuration's ADD
+/// was refused with code 7 while the impostor's pod lived. Now it is refused with code 7 before
+/// anything is touched: the preload is the same program with the same settings, and the real
+/// ADD uses it and its pod answers.
 #[test]
-fn a_configuration_with_other_settings_replaces_an_unused_preload() {
-    let test = "a_configuration_with_other_settings_replaces_an_unused_preload";
+fn a_configuration_taking_the_primarys_name_cannot_replace_the_preload() {
+    let test = "a_configuration_taking_the_primarys_name_cannot_replace_the_preload";
     let Some(mut tb) = Testbed::for_test(test, "prer", "10.214.1.0/24") else { return };
-    let (node_conf, nodes) = node_files(&tb, "10.214.0.0/16");
+    let (node_conf, nodes) = node_files_with(&tb, &["10.214.1.0/24", "10.214.0.0/16"], json!({}));
     assert!(agent_once(&tb, &node_conf, &nodes).contains(LOADED));
-    let preloaded = tb.program_id().unwrap();
+    let (preloaded, settings) = (tb.program_id().unwrap(), loaded_settings(&tb));
+    assert_eq!(settings["cluster_prefix"], 24, "{settings}");
+
+    let impostor = tb.new_pod().unwrap();
+    let mut nad = conf(&tb);
+    nad["ipam"]["subnet"] = json!("10.214.0.0/16");
+    let env = [("EBPF_CNI_NODE_CONF", node_conf.to_str().unwrap())];
+    let out = tb.cni_env("ADD", impostor, &nad, &tb.pods[impostor].netns_path(), &env).unwrap();
+    assert_eq!(out.code(), Some(7), "the impostor's ADD: {} {}", out.stdout, out.stderr);
+    let msg = out.json()["msg"].as_str().unwrap_or_default().to_string();
+    assert!(msg.contains("ipam subnet 10.214.0.0/16 is not the primary network's pod subnet"), "{msg}");
+    assert_eq!(tb.program_id().unwrap(), preloaded, "the impostor replaced the preload");
+    assert_eq!(loaded_settings(&tb), settings, "the impostor changed the loaded settings");
+    assert!(tb.host_veths().unwrap().is_empty() && tb.ip_files().is_empty(), "the impostor left something");
+
     let pod = tb.new_pod().unwrap();
     verb(&tb, "ADD", pod, &node_conf);
-    assert_ne!(tb.program_id().unwrap(), preloaded, "the ADD kept settings that are not its own");
-    let settings = tb.map_dump("SETTINGS").unwrap();
-    let settings = settings[0].get("formatted").unwrap_or(&settings[0]).clone();
-    assert_eq!(settings["value"]["cluster_prefix"], 24, "{settings}");
+    assert_eq!(tb.program_id().unwrap(), preloaded, "the real ADD did not use the preload");
+    assert!(tb.ping(&tb.node.name, "10.214.1.2"), "the real pod does not answer");
+    // The runtime's DEL after the refused ADD finishes and leaves the real pod alone.
+    let out = tb.cni_env("DEL", impostor, &nad, &tb.pods[impostor].netns_path(), &env).unwrap();
+    assert!(out.success, "{} {}", out.stdout, out.stderr);
+    assert!(tb.ping(&tb.node.name, "10.214.1.2"), "the impostor's DEL cut the real pod off");
+    verb(&tb, "DEL", pod, &node_conf);
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+}
+
+/// A node file that changed after the agent's preload (here it gained a clusterCIDR): the next
+/// ADD's settings are what the node file says now, and it loads them in place of the unused
+/// preload instead of being refused.
+#[test]
+fn a_changed_node_file_replaces_an_unused_preload() {
+    let test = "a_changed_node_file_replaces_an_unused_preload";
+    let Some(mut tb) = Testbed::for_test(test, "prec", "10.212.1.0/24") else { return };
+    let (node_conf, nodes) = node_files(&tb, "10.212.1.0/24");
+    assert!(agent_once(&tb, &node_conf, &nodes).contains(LOADED));
+    let preloaded = tb.program_id().unwrap();
+    node_files_with(&tb, &["10.212.1.0/24"], json!({ "clusterCIDR": "10.212.0.0/16" }));
+    let pod = tb.new_pod().unwrap();
+    verb(&tb, "ADD", pod, &node_conf);
+    assert_ne!(tb.program_id().unwrap(), preloaded, "the ADD kept settings the node file no longer has");
+    let settings = loaded_settings(&tb);
+    assert_eq!((settings["cluster_prefix"].clone(), settings["node_pods_prefix"].clone()), (json!(16), json!(24)));
     verb(&tb, "DEL", pod, &node_conf);
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }

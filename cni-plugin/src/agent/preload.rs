@@ -2,14 +2,15 @@
 //! flow tables, verifying the programs) is most of a network's first ADD; with the node file
 //! naming the primary network and its pod CIDRs, the agent does it at start, and again whenever
 //! it finds the datapath gone (the last pod's DEL unloads it), so that the first pod's ADD
-//! costs what any other costs. The settings are the ones that ADD would compute from the node
-//! file; a configuration that differs anyway loads its own while no pod uses the agent's
-//! (`Datapath::ensure_loaded`). On SIGTERM the agent unloads it again if no pod uses it, so
+//! costs what any other costs. The settings are the ones that ADD computes from the node file
+//! (every node-level one comes from it alone, `NodeSubnets`): a configuration of that name that
+//! is not the node file's is refused, and only a changed node file makes an ADD load other
+//! settings in place of the agent's while no pod uses it (`Datapath::ensure_loaded`). On SIGTERM the agent unloads it again if no pod uses it, so
 //! that removing the DaemonSet leaves nothing loaded.
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
+use ipnetwork::{Ipv4Network, Ipv6Network};
 use serde_json::json;
 
 use crate::{
@@ -36,7 +37,8 @@ impl Preload {
             log::info!("no node file at {}: no datapath is loaded ahead of the first pod", path.display());
             return Ok(None);
         };
-        let (Some(network), Some(pod_cidrs)) = (&node.primary_network, &node.pod_cidrs) else {
+        let (Some(network), Some(_)) = (&node.primary_network, node.pod_cidrs.as_ref().filter(|c| !c.is_empty()))
+        else {
             log::info!("the node file names no primaryNetwork and podCIDRs: no datapath is loaded ahead");
             return Ok(None);
         };
@@ -44,15 +46,9 @@ impl Preload {
             json!({ "cniVersion": "1.0.0", "name": network, "type": "ebpf-cni", "ipam": { "type": "host-local" } });
         let mut conf = NetConf::parse(raw.to_string().as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
         node.confine(path, &mut conf, Mismatch::Refuse).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let pods_v4 = pod_cidrs.iter().find_map(|c| match c {
-            IpNetwork::V4(n) => Ipv4Network::new(n.network(), n.prefix()).ok(),
-            IpNetwork::V6(_) => None,
-        });
-        let pods_v6 = pod_cidrs.iter().find_map(|c| match c {
-            IpNetwork::V6(n) => Ipv6Network::new(n.network(), n.prefix()).ok(),
-            IpNetwork::V4(_) => None,
-        });
-        Ok(Some(Self { conf, pods_v4, pods_v6 }))
+        // The subnets an ADD of this network loads with too (`NodeSubnets`).
+        let subnets = conf.node_subnets.clone().unwrap_or_else(|| node.primary_subnets(path));
+        Ok(Some(Self { conf, pods_v4: subnets.v4, pods_v6: subnets.v6 }))
     }
 
     /// Loads the datapath unless one is loaded (whatever its settings: an ADD's wins); whether

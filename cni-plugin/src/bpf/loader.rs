@@ -51,8 +51,12 @@ impl Datapath {
             let Err(refused) = self.check_settings(&settings.config) else { return Ok(()) };
             // Loaded ahead of any pod (by the agent, or left by a pod's ADD that failed later)
             // with settings this network's configuration does not have: with no pod to serve,
-            // the configuration wins, and this ADD is the network's first. Not the previous
-            // release's: these pins are its directory, which this build's must not take over.
+            // the configuration wins, and this ADD is the network's first. For the node file's
+            // primary network the ADD's settings are the node file's alone (a configuration of
+            // its name that is not the node file's was refused before it got here), so this
+            // only ever loads what the node file says, after the node file changed. Not the
+            // previous release's: these pins are its directory, which this build's must not
+            // take over.
             if self.pins.is_previous() || !self.remove_if_unused(node).await? {
                 return Err(refused);
             }

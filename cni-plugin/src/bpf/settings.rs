@@ -1,7 +1,9 @@
 //! A network's datapath settings (`DatapathConfig`), resolved from the configuration and, for
 //! what it leaves out, from the node: the uplink is the default route's interface, the node's
 //! address is the uplink's primary IPv4 address, the cluster CIDR is the pod's subnet (which is
-//! also this node's pod subnet).
+//! also this node's pod subnet). For the node file's primary network the configuration's
+//! node-level fields are the node file's (`node_conf.rs`) and the pod subnets passed here are
+//! the node file's too, not IPAM's: every field is what the node file implies.
 use std::{
     fmt,
     net::{Ipv4Addr, Ipv6Addr},
@@ -28,7 +30,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// `pod_subnet`, `pod_subnet_v6`: the pod's subnets of each family it has an address of.
+    /// `pod_subnet`, `pod_subnet_v6`: the pod's subnets of each family it has an address of
+    /// (the node file's, for its primary network: they decide which node addresses are set).
     pub async fn resolve(
         conf: &NetConf,
         pod_subnet: Option<Ipv4Network>,

@@ -2,7 +2,7 @@
 //! entry, tc filter.
 //! Nothing is touched before the checks that can fail cheaply; after that, any failure runs the
 //! same teardown as DEL, which is scoped to this attachment and so cannot hurt anyone else's.
-use std::net::IpAddr;
+use std::{cell::Cell, net::IpAddr};
 
 use ebpf_common::{ENDPOINT_SHAPED, Endpoint};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
@@ -36,6 +36,13 @@ pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<Add
         .with_details("this ADD carries a prevResult: move ebpf-cni to the front of the conflist's plugins"));
     }
     let request = Request::gather(&env.args, conf)?;
+    let ipam = Ipam::from_conf(conf, raw_conf)?;
+    // The node's primary network under a configuration that is not the node file's (another
+    // subnet, as a NetworkAttachmentDefinition taking the name could write): refused here,
+    // before anything is touched, so it never loads or replaces the network's datapath.
+    if let Some(primary) = &conf.node_subnets {
+        primary.check_ranges(ipam.range_subnets().as_deref())?;
+    }
     let netns_path = env.netns.as_deref().expect("validated: ADD has CNI_NETNS");
     let pod_ns = Netns::open(netns_path).map_err(|e| {
         let code = match e.kind() {
@@ -66,13 +73,23 @@ pub async fn add(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<Add
             .with_details("an attachment with this container ID and ifname is already set up; DEL it first"));
         }
     }
-    let ipam = Ipam::from_conf(conf, raw_conf)?;
-    let setup =
-        Setup { env, conf, request: &request, attachment: &attachment, node: &node, pod: &pod, pod_ns: &pod_ns };
+    let setup = Setup {
+        env,
+        conf,
+        request: &request,
+        attachment: &attachment,
+        node: &node,
+        pod: &pod,
+        pod_ns: &pod_ns,
+        datapath_reached: Cell::new(false),
+    };
     match setup.run(&ipam).await {
         Ok(result) => Ok(result),
         Err(err) => {
-            if let Err(cleanup) = teardown(env, conf, &ipam, &node).await {
+            // An ADD refused before it reached the datapath leaves it as it was: in particular a
+            // datapath loaded ahead (by the agent) with no pod yet stays loaded.
+            let datapath = setup.datapath_reached.get();
+            if let Err(cleanup) = teardown(env, conf, &ipam, &node, datapath).await {
                 log::error!("rollback after failed ADD was incomplete: {cleanup}");
             }
             Err(err)
@@ -88,6 +105,8 @@ struct Setup<'a> {
     node: &'a Netlink,
     pod: &'a Netlink,
     pod_ns: &'a Netns,
+    /// Whether the ADD got as far as the network's datapath (its rollback then cleans it up).
+    datapath_reached: Cell<bool>,
 }
 
 impl Setup<'_> {
@@ -97,6 +116,11 @@ impl Setup<'_> {
         let ips: Vec<IpAddr> = allocation.ips.iter().map(|ip| ip.address.ip()).collect();
         if ips.is_empty() {
             return Err(CniError::new(ErrorCode::INVALID_CONFIG, "IPAM gave the pod no address"));
+        }
+        // A delegated IPAM's ranges are only known by what it hands out.
+        if let Some(primary) = &self.conf.node_subnets {
+            let addresses: Vec<IpNetwork> = allocation.ips.iter().map(|ip| ip.address).collect();
+            primary.check_allocation(&addresses)?;
         }
         self.refuse_foreign_addresses(&ips).await?;
         let has_ipv6 = ips.iter().any(IpAddr::is_ipv6);
@@ -140,10 +164,16 @@ impl Setup<'_> {
         }
         fault::point("add:after-routes");
         self.limit_bandwidth(host.index, pod.index).await?;
-        let settings =
-            Settings::resolve(self.conf, pod_subnet(&allocation), pod_subnet_v6(&allocation), self.node).await?;
+        // The node's primary network: its node-level settings come from the node file alone
+        // (as the agent's preload has them), never from what this configuration's IPAM says.
+        let (v4, v6) = match &self.conf.node_subnets {
+            Some(node) => (node.v4, node.v6),
+            None => (pod_subnet(&allocation), pod_subnet_v6(&allocation)),
+        };
+        let settings = Settings::resolve(self.conf, v4, v6, self.node).await?;
         let root = self.conf.bpffs_root();
         Datapath::mount_bpffs(&root)?;
+        self.datapath_reached.set(true);
         let datapath = Datapath::lock(&root, &self.conf.name)?;
         datapath.ensure_loaded(&settings, self.node).await?;
         let shaped = self.request.bandwidth.ingress.is_some();

@@ -12,21 +12,22 @@ use crate::{
 pub async fn del(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> {
     let ipam = Ipam::from_conf(conf, raw_conf)?;
     let node = Netlink::connect().cni(ErrorCode::IO, "cannot open netlink")?;
-    teardown(env, conf, &ipam, &node).await
+    teardown(env, conf, &ipam, &node, true).await
 }
 
 /// The veth first: deleting it removes its tc filter and the host route with it. A packet
 /// steered to the vanished veth in between is dropped and counted (redirect-failed). Then the
 /// endpoint and its flow count (its NAT and FLOWS entries age, ignored by the programs), the
 /// network's pins after its last pod, then the addresses.
-/// Keeps going past a failed step; reports the first.
-pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink) -> CniResult<()> {
+/// Keeps going past a failed step; reports the first. `datapath` false (an ADD's rollback
+/// before it reached the datapath) leaves the network's datapath as it is.
+pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink, datapath: bool) -> CniResult<()> {
     let attachment = Attachment::new(&env.container_id, &env.ifname);
     let mut first_err =
         node.delete_link(&attachment.host_ifname()).await.cni(ErrorCode::IO, "cannot delete host veth").err();
     fault::point("del:after-veth");
     let root = conf.bpffs_root();
-    if root.exists() {
+    if datapath && root.exists() {
         let owner = attachment.cookie();
         match Datapath::lock(&root, &conf.name) {
             Ok(dp) => {

@@ -84,6 +84,10 @@ pub struct NetConf {
     /// The node file's `podCIDRs` (`node_conf.rs`): when set, every pod address must be in one.
     #[serde(skip)]
     pub allowed_pod_cidrs: Option<Vec<IpNetwork>>,
+    /// Set when the node file names this network its primary one: the pod subnets its datapath
+    /// is loaded with, and the only ones its IPAM may draw from (`node_conf.rs`).
+    #[serde(skip)]
+    pub node_subnets: Option<super::node_conf::NodeSubnets>,
     /// GC: the attachments that are still in use; everything else of this network goes.
     #[serde(rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<AttachmentRef>>,

@@ -5,8 +5,11 @@
 //! configuration may leave them out or repeat them, never change them; only the node's primary
 //! network may masquerade (attach programs to the uplink), with the datapath settings the node
 //! file gives it (so that whoever loads it first, the agent ahead of the first pod or any
-//! configuration of that name, loads the same); and pod addresses stay inside the node file's `podCIDRs`. Without the file
-//! every configuration is trusted as the node's own, as before the file existed.
+//! configuration of that name, loads the same); and pod addresses stay inside the node file's `podCIDRs`.
+//! The primary network's datapath takes every node-level setting from the node file alone (its
+//! pod subnets are the first `podCIDRs` entry of each family), and a configuration of that name
+//! whose IPAM ranges are other subnets is refused before anything is touched ([`NodeSubnets`]).
+//! Without the file every configuration is trusted as the node's own, as before the file existed.
 use std::{
     fs::File,
     io::Read as _,
@@ -18,7 +21,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use ipnetwork::IpNetwork;
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 
 use super::{
     CniError, CniResult, ErrorCode,
@@ -58,6 +61,8 @@ pub struct NodeConf {
     /// Where pod addresses may come from, whatever the network: a pod's address gets a host
     /// route through its veth, which would take that address's traffic from the node (another
     /// node's pods, the API server, a LAN host). Unset: anywhere but the node's own addresses.
+    /// The first of each family is the primary network's pod subnet (the installer writes
+    /// only those; a secondary network's ranges go after them).
     #[serde(rename = "podCIDRs", skip_serializing_if = "Option::is_none")]
     pub pod_cidrs: Option<Vec<IpNetwork>>,
     /// Unset: the default route's interface, and configurations may not name one.
@@ -180,6 +185,7 @@ impl NodeConf {
         })?;
         conf.allowed_pod_cidrs.clone_from(&self.pod_cidrs);
         if self.primary_network.as_deref() == Some(conf.name.as_str()) {
+            conf.node_subnets = Some(self.primary_subnets(path));
             confine_field(&mut conf.ip_masq, &self.ip_masq, |w, n| {
                 refuse("ipMasq", w.to_string(), n.map(|n| n.to_string()))
             })?;
@@ -214,6 +220,20 @@ impl NodeConf {
         Ok(overridden.into_inner())
     }
 
+    /// The primary network's pod subnets: the first of each family in `podCIDRs`.
+    pub fn primary_subnets(&self, path: &Path) -> NodeSubnets {
+        let cidrs = self.pod_cidrs.iter().flatten();
+        let v4 = cidrs.clone().find_map(|c| match c {
+            IpNetwork::V4(n) => Ipv4Network::new(n.network(), n.prefix()).ok(),
+            IpNetwork::V6(_) => None,
+        });
+        let v6 = cidrs.clone().find_map(|c| match c {
+            IpNetwork::V6(n) => Ipv6Network::new(n.network(), n.prefix()).ok(),
+            IpNetwork::V4(_) => None,
+        });
+        NodeSubnets { node_file: path.to_path_buf(), v4, v6 }
+    }
+
     /// host-local's `dataDir` (only the built-in one's: a delegated plugin's configuration is
     /// that plugin's business).
     fn confine_data_dir(&self, conf: &mut NetConf, refuse: &Refuse<'_>) -> CniResult<()> {
@@ -231,6 +251,104 @@ impl NodeConf {
             Some(dir) => ipam.insert("dataDir".into(), Value::String(dir.display().to_string())),
             None => ipam.remove("dataDir"),
         };
+        Ok(())
+    }
+}
+
+/// The node file's pod subnets of its primary network (the first `podCIDRs` entry of each
+/// family): with them, not with what the configuration's IPAM hands out, that network's
+/// datapath is loaded (this node's pod subnet, the cluster range a `clusterCIDR` left out
+/// defaults to, which node addresses are set). A configuration that takes the primary's name is
+/// canonical only when its IPAM draws from exactly these subnets, one range set per family;
+/// anything else is refused with code 7 before anything is touched, so it can neither load nor
+/// replace the datapath nor lock the real configuration out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSubnets {
+    pub node_file: PathBuf,
+    pub v4: Option<Ipv4Network>,
+    pub v6: Option<Ipv6Network>,
+}
+
+impl NodeSubnets {
+    fn refuse(&self, msg: String) -> CniError {
+        CniError::new(ErrorCode::INVALID_CONFIG, msg).with_details(format!(
+            "the node file {} names this network its primary one: its IPAM ranges are the node file's \
+             podCIDRs ({}), one range set per family",
+            self.node_file.display(),
+            self.describe()
+        ))
+    }
+
+    fn describe(&self) -> String {
+        let list: Vec<String> = self.iter().map(|n| n.to_string()).collect();
+        if list.is_empty() { "none".into() } else { list.join(", ") }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = IpNetwork> + Clone {
+        self.v4.map(IpNetwork::V4).into_iter().chain(self.v6.map(IpNetwork::V6))
+    }
+
+    /// The node file's subnet of `net`'s family.
+    fn of_family(&self, net: &IpNetwork) -> Option<IpNetwork> {
+        match net {
+            IpNetwork::V4(_) => self.v4.map(IpNetwork::V4),
+            IpNetwork::V6(_) => self.v6.map(IpNetwork::V6),
+        }
+    }
+
+    /// Before anything is touched: the node file gives the primary network a pod subnet, and
+    /// the built-in IPAM's range sets (each range's subnet, by set) are those subnets.
+    pub fn check_ranges(&self, sets: Option<&[Vec<IpNetwork>]>) -> CniResult<()> {
+        if self.v4.is_none() && self.v6.is_none() {
+            return Err(CniError::new(
+                ErrorCode::INVALID_CONFIG,
+                format!(
+                    "the node file {} names this network its primary one but gives no podCIDRs",
+                    self.node_file.display()
+                ),
+            )
+            .with_details("the primary network's datapath is loaded from the node file's podCIDRs: add them"));
+        }
+        let Some(sets) = sets else { return Ok(()) };
+        for subnet in sets.iter().flatten() {
+            if self.of_family(subnet) != Some(*subnet) {
+                return Err(self.refuse(format!(
+                    "ipam subnet {subnet} is not the primary network's pod subnet of the node file {}",
+                    self.node_file.display()
+                )));
+            }
+        }
+        self.check_families(sets.iter().filter_map(|set| set.first()), "ipam range sets")
+    }
+
+    /// After IPAM (a delegated plugin's ranges are its own): each address is in the node file's
+    /// subnet of its family, with that subnet's prefix.
+    pub fn check_allocation(&self, ips: &[IpNetwork]) -> CniResult<()> {
+        for ip in ips {
+            let subnet = IpNetwork::new(ip.network(), ip.prefix()).expect("same prefix");
+            if self.of_family(ip) != Some(subnet) {
+                return Err(self.refuse(format!(
+                    "ipam gave {ip}, not an address of the primary network's pod subnet of the node file {}",
+                    self.node_file.display()
+                )));
+            }
+        }
+        self.check_families(ips.iter(), "ipam addresses")
+    }
+
+    /// One of each family the node file gives, no more.
+    fn check_families<'a>(&self, nets: impl Iterator<Item = &'a IpNetwork>, what: &str) -> CniResult<()> {
+        let (mut v4, mut v6) = (0, 0);
+        for net in nets {
+            *if net.is_ipv4() { &mut v4 } else { &mut v6 } += 1;
+        }
+        if (v4, v6) != (usize::from(self.v4.is_some()), usize::from(self.v6.is_some())) {
+            return Err(self.refuse(format!(
+                "{what}: {v4} IPv4 and {v6} IPv6, where the node file {} gives the primary network {}",
+                self.node_file.display(),
+                self.describe()
+            )));
+        }
         Ok(())
     }
 }
@@ -362,6 +480,52 @@ mod tests {
             let err = primary(extra).unwrap_err();
             assert!(err.msg.starts_with(says), "{extra}: {}", err.msg);
         }
+    }
+
+    #[test]
+    fn the_primary_networks_ipam_must_be_the_node_files_pod_subnets() {
+        let net = |s: &str| -> IpNetwork { s.parse().unwrap() };
+        let mut node = node();
+        // A secondary network's range after the primary's: not the primary's subnet.
+        node.pod_cidrs = Some(vec![net("10.1.0.7/24"), net("10.9.0.0/16"), net("fd00:1::/64")]);
+        let mut c = conf("");
+        node.confine(Path::new(PATH), &mut c, Mismatch::Refuse).unwrap();
+        assert_eq!(c.node_subnets, None, "not the primary network");
+        c.name = "ebpf-cni".into();
+        node.confine(Path::new(PATH), &mut c, Mismatch::Refuse).unwrap();
+        let subnets = c.node_subnets.unwrap();
+        assert_eq!(
+            (subnets.v4, subnets.v6),
+            (Some("10.1.0.0/24".parse().unwrap()), Some("fd00:1::/64".parse().unwrap()))
+        );
+        subnets.check_ranges(None).unwrap();
+        subnets.check_ranges(Some(&[vec![net("10.1.0.0/24"), net("10.1.0.0/24")], vec![net("fd00:1::/64")]])).unwrap();
+        subnets.check_allocation(&[net("10.1.0.5/24"), net("fd00:1::5/64")]).unwrap();
+        for sets in [
+            vec![vec![net("10.9.0.0/16")], vec![net("fd00:1::/64")]],
+            vec![vec![net("10.1.0.0/16")], vec![net("fd00:1::/64")]],
+            vec![vec![net("10.1.0.0/24")]],
+            vec![vec![net("10.1.0.0/24")], vec![net("fd00:1::/64")], vec![net("10.1.0.0/24")]],
+            vec![],
+        ] {
+            let err = subnets.check_ranges(Some(&sets)).unwrap_err();
+            assert_eq!(err.code, ErrorCode::INVALID_CONFIG, "{sets:?}");
+            assert!(err.details.contains("10.1.0.0/24, fd00:1::/64"), "{sets:?}: {}", err.details);
+        }
+        for ips in [
+            vec![net("10.1.0.5/16"), net("fd00:1::5/64")],
+            vec![net("10.9.0.5/16"), net("fd00:1::5/64")],
+            vec![net("10.1.0.5/24")],
+            vec![],
+        ] {
+            assert_eq!(subnets.check_allocation(&ips).unwrap_err().code, ErrorCode::INVALID_CONFIG, "{ips:?}");
+        }
+        node.pod_cidrs = None;
+        let mut c = conf("");
+        c.name = "ebpf-cni".into();
+        node.confine(Path::new(PATH), &mut c, Mismatch::Refuse).unwrap();
+        let err = c.node_subnets.unwrap().check_ranges(None).unwrap_err();
+        assert!(err.msg.contains("gives no podCIDRs"), "{}", err.msg);
     }
 
     #[test]

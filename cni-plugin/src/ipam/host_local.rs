@@ -139,6 +139,11 @@ impl HostLocal {
         Ok(())
     }
 
+    /// Each range set's subnets, in order.
+    pub fn subnets(&self) -> Vec<Vec<IpNetwork>> {
+        self.sets.iter().map(|set| set.iter().map(|range| range.subnet).collect()).collect()
+    }
+
     pub fn holders(&self) -> CniResult<Vec<Holder>> {
         let store = Store::lock(&self.data_dir, &self.network)?;
         Ok(store.reservations()?.into_iter().map(|(_, h)| h).collect())

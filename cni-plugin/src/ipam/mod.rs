@@ -68,6 +68,15 @@ impl Ipam {
         }
     }
 
+    /// The built-in allocator's range sets, each as its ranges' subnets; None for a delegate,
+    /// whose ranges are its own configuration's.
+    pub fn range_subnets(&self) -> Option<Vec<Vec<ipnetwork::IpNetwork>>> {
+        match self {
+            Self::HostLocal(h) => Some(h.subnets()),
+            Self::Delegated(_) => None,
+        }
+    }
+
     /// Every holder of a reservation (none known for a delegate).
     pub fn holders(&self) -> CniResult<Vec<Holder>> {
         match self {
