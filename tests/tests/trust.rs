@@ -4,7 +4,7 @@
 //! configuration that leaves the node-level settings out gets the node file's.
 use std::{fs, os::unix::fs::PermissionsExt as _, path::PathBuf};
 
-use ebpf_cni_tests::{Testbed, run_in};
+use ebpf_cni_tests::{Testbed, run, run_in};
 use serde_json::{Value, json};
 
 /// A node file holding the testbed's bpffs root and IPAM dir, naming `primary` the primary
@@ -179,5 +179,86 @@ fn a_pod_cannot_take_an_address_of_the_node() {
     let out = tb.cni_env("ADD", pod, &tb.conf("1.1.0"), &netns, &[("CNI_ARGS", "IP=10.216.2.78")]).unwrap();
     assert!(out.success, "{} {}", out.stdout, out.stderr);
     tb.del(pod).unwrap();
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+}
+
+/// The `ENDPOINTS` entry of the IPv6 link-local address a pod's kernel makes of `mac` (EUI-64),
+/// as bpftool formats its value; None when there is none.
+fn link_local_entry(tb: &Testbed, mac: [u8; 6]) -> Option<Value> {
+    let [a, b, c, d, e, f] = mac;
+    let address = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, a ^ 2, b, c, 0xff, 0xfe, d, e, f];
+    let key: Vec<String> = [6, 0, 0, 0].iter().chain(&address).map(u8::to_string).collect();
+    let pin = tb.map_pin("ENDPOINTS");
+    let mut args = vec!["-j", "map", "lookup", "pinned", pin.to_str().unwrap(), "key"];
+    args.extend(key.iter().map(String::as_str));
+    let out = run("bpftool", &args).ok()?;
+    let entry: Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some(entry.get("formatted").unwrap_or(&entry)["value"].clone())
+}
+
+/// Issue 24, item 7: a pod asking for another pod's MAC (`CNI_ARGS MAC=`, or the `mac`
+/// capability) used to get it, and with it the other pod's IPv6 link-local `ENDPOINTS` entry
+/// (the EUI-64 address of that MAC), which then vouched for the new pod's veth; the new pod's
+/// DEL removed the entry, and the first pod's neighbour discovery was dropped as spoofed from
+/// then on. Now the ADD is refused with code 103 and leaves nothing, the entry stays the first
+/// pod's, and the first pod's link-local traffic (to its host veth, neighbour discovery included)
+/// and its IPv6 to another pod still pass after its neighbours are flushed.
+#[test]
+fn a_pod_cannot_take_another_pods_mac() {
+    let test = "a_pod_cannot_take_another_pods_mac";
+    let Some(mut tb) = Testbed::for_test(test, "trustm", "10.216.5.0/24") else { return };
+    let ranges = json!([[{ "subnet": tb.subnet }], [{ "subnet": "fd00:216:5::/64" }]]);
+    tb.extra.insert("ipam".into(), json!({ "type": "host-local", "ranges": ranges, "dataDir": tb.data_dir() }));
+    let (first, other, thief) = (tb.new_pod().unwrap(), tb.new_pod().unwrap(), tb.new_pod().unwrap());
+    let mac = [0x0a, 0x58, 0x0a, 0xd8, 0x05, 0x0a];
+    let args = "MAC=0a:58:0a:d8:05:0a";
+    let add = |pod: usize, more: &[(&str, &str)], conf: &Value| {
+        tb.cni_env("ADD", pod, conf, &tb.pods[pod].netns_path(), more).unwrap()
+    };
+    let out = add(first, &[("CNI_ARGS", args)], &tb.conf("1.1.0"));
+    assert!(out.success, "{} {}", out.stdout, out.stderr);
+    let first_host = out.json()["interfaces"][0]["name"].as_str().unwrap().to_string();
+    let out = add(other, &[], &tb.conf("1.1.0"));
+    assert!(out.success, "{} {}", out.stdout, out.stderr);
+    let other_ipv6 = out.json()["ips"][1]["address"].as_str().unwrap().split('/').next().unwrap().to_string();
+    let entry = link_local_entry(&tb, mac).expect("the first pod's link-local entry");
+    let (veths, ip_files) = (tb.host_veths().unwrap(), tb.ip_files());
+
+    // Asked for by CNI_ARGS, and by runtimeConfig (the `mac` capability).
+    let mut capability = tb.conf("1.1.0");
+    capability["runtimeConfig"] = json!({ "mac": "0a:58:0a:d8:05:0a" });
+    for (how, more, conf) in
+        [("CNI_ARGS", vec![("CNI_ARGS", args)], tb.conf("1.1.0")), ("runtimeConfig", vec![], capability)]
+    {
+        let out = add(thief, &more, &conf);
+        assert_eq!(out.code(), Some(103), "{how}: {} {}", out.stdout, out.stderr);
+        let msg = out.json()["msg"].as_str().unwrap_or_default().to_string();
+        assert!(msg.contains("MAC 0a:58:0a:d8:05:0a is another pod's"), "{how}: {msg}");
+        assert_eq!((tb.host_veths().unwrap(), tb.ip_files()), (veths.clone(), ip_files.clone()), "{how}: left");
+        assert_eq!(link_local_entry(&tb, mac).as_ref(), Some(&entry), "{how}: the entry changed");
+        // The runtime's DEL after the failed ADD.
+        let out = tb.cni_env("DEL", thief, &conf, &tb.pods[thief].netns_path(), &more).unwrap();
+        assert!(out.success, "{how}: DEL: {} {}", out.stdout, out.stderr);
+        assert_eq!(link_local_entry(&tb, mac).as_ref(), Some(&entry), "{how}: DEL removed the entry");
+    }
+    // The first pod's link-local traffic (here to its host veth's link-local address, its
+    // neighbour solicitation included) is still vouched for: it was dropped as spoofed before.
+    let first_ns = tb.pods[first].netns.name.clone();
+    let out = run_in(&tb.node.name, "ip", &["-6", "-o", "addr", "show", "dev", &first_host, "scope", "link"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let host_link_local = text.split_whitespace().skip_while(|w| *w != "inet6").nth(1).unwrap().split('/').next();
+    let host_link_local = format!("{}%eth0", host_link_local.unwrap());
+    let ping6 = |to: &str| run_in(&first_ns, "ping", &["-6", "-c", "1", "-W", "2", to]).is_ok();
+    run_in(&first_ns, "ip", &["-6", "neigh", "flush", "all"]).unwrap();
+    let spoofed = tb.drops(ebpf_common::DropReason::SpoofedSource).unwrap();
+    assert!(ping6(&host_link_local), "the first pod lost its link-local traffic");
+    assert!(ping6(&other_ipv6), "the first pod no longer reaches the other pod");
+    assert_eq!(tb.drops(ebpf_common::DropReason::SpoofedSource).unwrap(), spoofed, "dropped as spoofed");
+    // Without a MAC of its own asked for, the pod is added as any other.
+    let out = add(thief, &[], &tb.conf("1.1.0"));
+    assert!(out.success, "{} {}", out.stdout, out.stderr);
+    for pod in [first, other, thief] {
+        tb.del(pod).unwrap();
+    }
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }

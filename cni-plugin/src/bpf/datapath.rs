@@ -100,11 +100,52 @@ impl Datapath {
     /// map is its own error: the node has more pods than `ENDPOINTS` was sized for.
     /// `link_local` gets an entry of its own, flagged: it vouches for the pod's link-local
     /// traffic and is never a destination.
-    pub fn add_endpoints(&self, ips: &[IpAddr], link_local: Option<Ipv6Addr>, endpoint: Endpoint) -> CniResult<()> {
+    ///
+    /// Nothing of another attachment is overwritten: the link-local address comes from the
+    /// pod's MAC (EUI-64), so a pod given another pod's MAC (`mac` capability, `CNI_ARGS MAC=`)
+    /// would take over that pod's link-local entry (its neighbour discovery then dropped as
+    /// spoofed) and its DEL would remove it. A `requested_mac` is also refused when any
+    /// endpoint of the network has it, IPv4-only pods included. Checked under the network's
+    /// lock, so two ADDs asking for one MAC cannot both pass.
+    pub fn add_endpoints(
+        &self,
+        ips: &[IpAddr],
+        link_local: Option<Ipv6Addr>,
+        endpoint: Endpoint,
+        requested_mac: Option<[u8; 6]>,
+    ) -> CniResult<()> {
         let mut map = self.endpoints()?.ok_or_else(|| internal("ENDPOINTS is not pinned"))?;
-        let entries = ips.iter().map(|ip| (*ip, endpoint)).chain(link_local.map(|ll| {
-            (IpAddr::V6(ll), Endpoint { flags: endpoint.flags | ebpf_common::ENDPOINT_LINK_LOCAL, ..endpoint })
-        }));
+        let entries: Vec<(IpAddr, Endpoint)> = ips
+            .iter()
+            .map(|ip| (*ip, endpoint))
+            .chain(link_local.map(|ll| {
+                (IpAddr::V6(ll), Endpoint { flags: endpoint.flags | ebpf_common::ENDPOINT_LINK_LOCAL, ..endpoint })
+            }))
+            .collect();
+        if let Some(mac) = requested_mac
+            && let Some(held) =
+                map.iter().filter_map(Result::ok).find(|(_, e)| e.pod_mac == mac && e.owner != endpoint.owner)
+        {
+            return Err(mac_taken(mac, &held.1));
+        }
+        for (ip, new) in &entries {
+            match map.get(&ip_key(*ip), 0) {
+                Ok(held) if held.owner != new.owner => {
+                    return Err(match link_local {
+                        Some(ll) if IpAddr::V6(ll) == *ip => mac_taken(new.pod_mac, &held),
+                        _ => CniError::new(
+                            ErrorCode::ADDRESS_TAKEN,
+                            format!(
+                                "address {ip} has the endpoint of another pod (host veth ifindex {})",
+                                held.host_ifindex
+                            ),
+                        ),
+                    });
+                }
+                Ok(_) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(e).cni(ErrorCode::DATAPATH, format!("cannot look up endpoint {ip}")),
+            }
+        }
         for (ip, endpoint) in entries {
             match map.insert(ip_key(ip), endpoint, 0) {
                 Ok(()) => {}
@@ -206,6 +247,21 @@ pub(super) fn attach_filter(program: &mut SchedClassifier, ifname: &str, directi
     let link = program.take_link(id).cni(ErrorCode::INTERNAL, "attached filter vanished")?;
     std::mem::forget(link);
     Ok(added)
+}
+
+/// A pod asked for a MAC that another pod of the network holds. Code 103 (`ADDRESS_TAKEN`), as
+/// for a requested IP another attachment holds: not 11 (try again later), since it clears only
+/// when the other pod is deleted and a retry of the same request fails the same way; not 7,
+/// since the configuration is valid and the same request succeeds where no pod has that MAC.
+fn mac_taken(mac: [u8; 6], held: &Endpoint) -> CniError {
+    let mac = crate::net::netlink::format_mac(mac);
+    CniError::new(ErrorCode::ADDRESS_TAKEN, format!("MAC {mac} is another pod's on this network")).with_details(
+        format!(
+            "the pod behind host veth ifindex {} has it (and the IPv6 link-local address made from it); \
+             ask for another MAC or none",
+            held.host_ifindex
+        ),
+    )
 }
 
 pub(super) fn internal(msg: impl Into<String>) -> CniError {

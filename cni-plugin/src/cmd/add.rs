@@ -199,7 +199,7 @@ impl Setup<'_> {
         };
         fault::point("add:after-load");
         let link_local = has_ipv6.then(|| sysctl::eui64_link_local(pod.mac));
-        datapath.add_endpoints(&ips, link_local, endpoint)?;
+        datapath.add_endpoints(&ips, link_local, endpoint, self.request.mac)?;
         fault::point("add:after-endpoints");
         datapath.attach(&host_ifname)?;
         fault::point("add:after-attach");

@@ -28,7 +28,8 @@ impl ErrorCode {
     pub const INTERFACE_EXISTS: Self = Self(101);
     /// Plugin-specific: bpffs or BTF is missing, or the kernel refused the programs.
     pub const DATAPATH: Self = Self(102);
-    /// Plugin-specific: an address the runtime asked for is reserved by another attachment.
+    /// Plugin-specific: an address the runtime asked for (an IP, or a MAC) is another
+    /// attachment's.
     pub const ADDRESS_TAKEN: Self = Self(103);
     /// Plugin-specific: CHECK found the attachment differs from what ADD set up.
     pub const CHECK_FAILED: Self = Self(104);
