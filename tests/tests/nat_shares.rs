@@ -4,7 +4,8 @@
 //!   flows, refreshed, still count: another pod keeps finding ports there;
 //! - a pod opening flows to ever new destinations stops at its total (`NAT_POD_MAX_FLOWS`), so
 //!   it cannot fill `NAT` and have its LRU evict another pod's idle flow;
-//! - GC's recount from `NAT` keeps the counts of live flows.
+//! - GC's recount from `NAT` keeps the counts of live flows and forgets flows gone unseen (the
+//!   agent recounts the same way every interval).
 use std::net::Ipv4Addr;
 
 use ebpf_cni_tests::{
@@ -86,6 +87,24 @@ fn one_pod_cannot_hold_a_destinations_ports() {
     let out = tb.cni("GC", 0, &conf).unwrap();
     assert!(out.success, "GC: {} {}", out.stdout, out.stderr);
     assert_eq!(send(tb, &a, 19_998, ext, 53).0, TC_ACT_SHOT, "a new flow after GC's recount");
+
+    // Flows that leave NAT unseen (the LRU drops them) stop counting at the next recount.
+    forget_all_flows(tb);
+    let out = tb.cni("GC", 0, &conf).unwrap();
+    assert!(out.success, "GC: {} {}", out.stdout, out.stderr);
+    assert_eq!(send(tb, &a, 19_998, ext, 53).0, TC_ACT_UNSPEC, "a's new flow once its old ones are gone");
+}
+
+/// Empties `NAT`, as an LRU that needed the room would.
+fn forget_all_flows(tb: &Testbed) {
+    use aya::maps::{HashMap, Map, MapData};
+    use ebpf_common::{FlowKey, NatEntry};
+    let data = MapData::from_pin(tb.map_pin("NAT")).unwrap();
+    let mut nat: HashMap<_, FlowKey, NatEntry> = HashMap::try_from(Map::LruHashMap(data)).unwrap();
+    let keys: Vec<FlowKey> = nat.keys().filter_map(Result::ok).collect();
+    for key in keys {
+        let _ = nat.remove(&key);
+    }
 }
 
 #[test]

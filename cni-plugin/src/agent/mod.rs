@@ -111,11 +111,13 @@ pub fn run(args: Agent) -> Result<()> {
         return Ok(());
     }
     if let Some(preload) = preload {
-        // The last pod's DEL unloads the datapath: load it again before the next first pod.
+        // The last pod's DEL unloads the datapath: load it again before the next first pod. And
+        // masquerade's shares are counted again from NAT (they only err high in between).
         std::thread::spawn(move || {
             loop {
                 sleep(interval);
                 preload.ensure_logged();
+                preload.maintain_flows_logged();
             }
         });
     }

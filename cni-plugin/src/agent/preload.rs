@@ -14,7 +14,7 @@ use ipnetwork::{Ipv4Network, Ipv6Network};
 use serde_json::json;
 
 use crate::{
-    bpf::{Datapath, Settings},
+    bpf::{self, Datapath, Pins, Settings},
     cni::{
         config::NetConf,
         node_conf::{Mismatch, NodeConf},
@@ -88,6 +88,24 @@ impl Preload {
             Ok(true) => log::info!("loaded network {}'s datapath ahead of its first pod", self.conf.name),
             Ok(false) => {}
             Err(e) => log::error!("cannot load the datapath ahead: {e:#}"),
+        }
+    }
+
+    /// Counts again what each pod holds through masquerade and sweeps the flows of pods that are
+    /// gone (`bpf::recount_shares`, `bpf::sweep_flows`): without the network's lock, so no ADD
+    /// waits for it. Only the primary network masquerades (the node file says so), so its maps
+    /// are the only ones with flows to count.
+    pub fn maintain_flows_logged(&self) {
+        let pins = Pins::current(&self.conf.bpffs_root(), &self.conf.name);
+        if let Err(e) = bpf::recount_shares(&pins) {
+            log::warn!("network {}: recounting masquerade shares: {e}", self.conf.name);
+        }
+        match bpf::sweep_flows(&pins) {
+            Ok((0, 0)) => {}
+            Ok((nat, flows)) => {
+                log::debug!("network {}: swept {nat} NAT and {flows} FLOWS entries of gone pods", self.conf.name)
+            }
+            Err(e) => log::warn!("network {}: sweeping flows of gone pods: {e}", self.conf.name),
         }
     }
 
