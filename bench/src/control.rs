@@ -86,6 +86,49 @@ impl Node {
         Ok(out.elapsed.as_secs_f64() * 1e3)
     }
 
+    /// Starts a DEL of each of `pods`, each from its own thread, and [`ADD_DELAY`] later, with
+    /// every DEL running, an ADD of a new pod: the ADD then waits for the node's lock behind
+    /// those DELs that hold or want it. Returns the new pod and the wall times of all of them.
+    pub fn add_behind_dels(&mut self, pods: &[usize]) -> Result<Contended> {
+        let pod = self.tb.new_pod()?;
+        let this = &*self;
+        let start = std::sync::Barrier::new(pods.len() + 1);
+        let (add, dels) = std::thread::scope(|scope| {
+            let dels: Vec<_> = pods
+                .iter()
+                .map(|&del| {
+                    let start = &start;
+                    scope.spawn(move || {
+                        start.wait();
+                        let out = this.verb("DEL", del)?;
+                        ensure!(out.success, "DEL failed: {}", out.stdout);
+                        Ok((out.elapsed, std::time::Instant::now()))
+                    })
+                })
+                .collect();
+            start.wait();
+            std::thread::sleep(ADD_DELAY);
+            let out = this.verb("ADD", pod);
+            let ended = std::time::Instant::now();
+            let dels: Vec<Result<_>> = dels.into_iter().map(|t| t.join().expect("a DEL thread panicked")).collect();
+            (out.map(|o| (o, ended)), dels)
+        });
+        let (add, add_ended) = add?;
+        ensure!(add.success, "ADD behind DELs failed: {}", add.stdout);
+        let dels = dels.into_iter().collect::<Result<Vec<_>>>()?;
+        self.attached = self.attached + 1 - pods.len();
+        Ok(Contended {
+            pod,
+            add_ms: add.elapsed.as_secs_f64() * 1e3,
+            dels_ms: dels.iter().map(|(elapsed, _)| elapsed.as_secs_f64() * 1e3).collect(),
+            dels_ended_first: dels.iter().filter(|(_, ended)| *ended < add_ended).count(),
+        })
+    }
+
+    pub fn testbed(&self) -> &Testbed {
+        &self.tb
+    }
+
     fn verb(&self, verb: &str, pod: usize) -> Result<ebpf_cni_tests::CniOutput> {
         let netns = self.tb.pods[pod].netns_path();
         let env: Vec<(&str, &str)> = self.node_conf.iter().map(|p| ("EBPF_CNI_NODE_CONF", p.as_str())).collect();
@@ -97,6 +140,19 @@ impl Node {
         let out = run_in(&self.tb.node.name, "iptables-save", &[])?;
         Ok(String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.starts_with('#')).count() as f64)
     }
+}
+
+/// How long after the DELs of [`Node::add_behind_dels`] the ADD starts: time for every DEL to
+/// exec and reach the lock's queue (a DEL deletes its veth, a few ms, before it asks for the lock).
+const ADD_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// An ADD started while DELs ran: see [`Node::add_behind_dels`].
+pub struct Contended {
+    pub pod: usize,
+    pub add_ms: f64,
+    pub dels_ms: Vec<f64>,
+    /// DELs that exited before the ADD did (the lock is a `flock`: no queue order is promised).
+    pub dels_ended_first: usize,
 }
 
 pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {

@@ -8,6 +8,7 @@ mod conn_rate;
 mod control;
 mod cpu;
 mod datapath;
+mod full_maps;
 mod hold;
 mod iperf;
 mod masquerade;
@@ -65,13 +66,21 @@ enum Section {
     Datapath6,
     Masquerade,
     Control,
+    /// ADD and DEL with full NAT and FLOWS maps (ebpf-cni only).
+    ControlFullMaps,
     /// Pod → ClusterIP → pod through kube-proxy's rules.
     Service,
 }
 
 /// What runs when `--only` is not given.
-const DEFAULT_SECTIONS: [Section; 5] =
-    [Section::Datapath, Section::Datapath6, Section::Masquerade, Section::Service, Section::Control];
+const DEFAULT_SECTIONS: [Section; 6] = [
+    Section::Datapath,
+    Section::Datapath6,
+    Section::Masquerade,
+    Section::Service,
+    Section::Control,
+    Section::ControlFullMaps,
+];
 
 /// How long and how much each section measures.
 pub struct Settings {
@@ -147,6 +156,9 @@ fn run_bench(cli: Cli) -> Result<()> {
     }
     if wanted(Section::Control) {
         figures.extend(control::run(&settings, &ours)?);
+    }
+    if wanted(Section::ControlFullMaps) {
+        figures.extend(full_maps::run(&settings, &ours)?);
     }
     let table = report::table(&figures);
     println!(
