@@ -1,5 +1,6 @@
 //! `ebpf-cni install`: puts this binary into the node's CNI bin dir, writes the node file (the
-//! node-level settings every network configuration is held to, `cni/node_conf.rs`) and then the
+//! node-level settings every network configuration is held to, `cni/node_conf.rs`, with a
+//! masquerading node's addresses read once here) and then the
 //! node's conflist from its pod CIDRs (IPv4, IPv6 or both: one IPAM range set each). Each file is
 //! written aside and renamed into place, so a runtime reading it at that moment sees the old
 //! file or the new one, never half of one; a file that would not change is left alone (kubelet
@@ -7,6 +8,7 @@
 use std::{
     fs::{self, File},
     io::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
 };
@@ -23,6 +25,7 @@ use crate::{
     },
     ipam::Ipam,
     kube,
+    net::netlink::Netlink,
 };
 
 /// The conflist's name: `10-` sorts it before most others, as kubelet uses the first one.
@@ -60,6 +63,12 @@ pub struct Install {
     /// Where every network's plugin log lines go (the node file's `logFile`). Default: none.
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// With --masquerade: the node's addresses masqueraded flows leave with (the node file's
+    /// `nodeIP` and `nodeIPv6`), at most one per family, comma-separated as --pod-cidr. Default:
+    /// for each family of the pod CIDRs, the uplink's address of that family, read now (the
+    /// primary global IPv4 address; the first usable global IPv6 one).
+    #[arg(long, value_delimiter = ',')]
+    node_ip: Vec<IpAddr>,
     /// The binary to install. Default: the running one.
     #[arg(long)]
     binary: Option<PathBuf>,
@@ -79,7 +88,8 @@ pub fn run(args: Install) -> Result<()> {
             "note: --cluster-cidr has no IPv6 CIDR: the plugin takes this node's IPv6 pod CIDR for the cluster's"
         );
     }
-    let node_file = node_file(&args, &pod_cidrs, &cluster_cidrs)?;
+    let node_ips = if args.masquerade { node_ips(&args, &pod_cidrs)? } else { NodeIps::default() };
+    let node_file = node_file(&args, &pod_cidrs, &cluster_cidrs, &node_ips)?;
     let conflist = conflist(&args, &pod_cidrs, &cluster_cidrs)?;
     let source = match &args.binary {
         Some(path) => path.clone(),
@@ -116,7 +126,7 @@ fn write_if_changed(path: &Path, value: &impl serde::Serialize, what: &str) -> R
 /// The node file: this network is the primary one (the only one that may masquerade) with the
 /// conflist's `ipMasq` and `clusterCIDR` (the pod CIDRs when none is given), pods take addresses from this node's pod CIDRs only,
 /// and the node-level settings the flags give; the rest the plugin finds on the node.
-fn node_file(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs) -> Result<NodeConf> {
+fn node_file(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs, node_ips: &NodeIps) -> Result<NodeConf> {
     if let Some(uplink) = args.uplink.as_deref().filter(|u| u.is_empty() || u.len() > 15 || u.contains('/')) {
         bail!("--uplink {uplink:?} is not an interface name");
     }
@@ -131,9 +141,68 @@ fn node_file(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs) -> Result
         cluster_cidr: Some(if cluster_cidrs.iter().next().is_some() { cluster_cidrs } else { pod_cidrs }.joined()),
         pod_cidrs: Some(pod_cidrs.iter().collect()),
         uplink: args.uplink.clone(),
+        // Read once here rather than from the uplink by every ADD: an address the uplink gained
+        // or lost later (renumbering) would otherwise make ADD's settings differ from the loaded
+        // ones, and every ADD be refused until the network's last pod is gone.
+        node_ip: node_ips.v4,
+        node_ipv6: node_ips.v6,
         log_file: args.log_file.clone(),
         ..NodeConf::default()
     })
+}
+
+/// The node file's `nodeIP` and `nodeIPv6`.
+#[derive(Debug, Default)]
+struct NodeIps {
+    v4: Option<Ipv4Addr>,
+    v6: Option<Ipv6Addr>,
+}
+
+/// `--node-ip`, or for each family of the pod CIDRs it leaves out, the uplink's address of that
+/// family (`--uplink`, else the default route's interface), as an ADD would find it. One the
+/// uplink does not have yet is left out of the node file, with a note: ADD then reads it.
+fn node_ips(args: &Install, pod_cidrs: &Cidrs) -> Result<NodeIps> {
+    let mut ips = NodeIps::default();
+    for ip in &args.node_ip {
+        let twice = match *ip {
+            IpAddr::V4(v4) => ips.v4.replace(v4).is_some(),
+            IpAddr::V6(v6) => ips.v6.replace(v6).is_some(),
+        };
+        if twice {
+            bail!("--node-ip: at most one address per family (got {:?})", args.node_ip);
+        }
+    }
+    let want_v4 = pod_cidrs.v4.is_some() && ips.v4.is_none();
+    let want_v6 = pod_cidrs.v6.is_some() && ips.v6.is_none();
+    if !want_v4 && !want_v6 {
+        return Ok(ips);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+    let read = runtime.block_on(async {
+        let node = Netlink::connect().context("opening netlink")?;
+        let index = match &args.uplink {
+            Some(name) => node.link(name).await?.with_context(|| format!("uplink {name} does not exist"))?.index,
+            None => {
+                node.default_route_ifindex().await?.context("the node has no IPv4 default route (give --uplink)")?
+            }
+        };
+        let v4 = if want_v4 { node.primary_ipv4(index).await? } else { None };
+        let v6 = if want_v6 { node.primary_ipv6(index).await? } else { None };
+        anyhow::Ok((v4, v6))
+    });
+    match read {
+        Ok((v4, v6)) => {
+            ips.v4 = ips.v4.or(v4);
+            ips.v6 = ips.v6.or(v6);
+        }
+        Err(e) => eprintln!("note: cannot read the uplink's addresses ({e:#})"),
+    }
+    for (wanted, found, key) in [(want_v4, ips.v4.is_some(), "nodeIP"), (want_v6, ips.v6.is_some(), "nodeIPv6")] {
+        if wanted && !found {
+            eprintln!("note: the node file has no {key}: each ADD reads it from the uplink (give --node-ip)");
+        }
+    }
+    Ok(ips)
 }
 
 /// At most one CIDR per address family, each normalised to its network address.

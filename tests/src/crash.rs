@@ -19,6 +19,11 @@ pub const ADD_STEPS: [&str; 8] = [
 /// DEL's steps, in order.
 pub const DEL_STEPS: [&str; 2] = ["del:after-veth", "del:after-datapath"];
 
+/// A step only the network's last DEL (or a GC that empties it) reaches, between the two
+/// above: its pins' mark of a complete load (`from_pod`) is gone, its uplink filters and the
+/// rest of its pins not yet.
+pub const LAST_DEL_STEP: &str = "del:mid-unload";
+
 /// Runs `command` for `pod` (spec 1.1.0) with the plugin told to die at `step`; asserts it
 /// did, so that a renamed step cannot turn a crash test into a plain one.
 pub fn killed_at(tb: &Testbed, pod: usize, command: &str, step: &str) {

@@ -10,7 +10,7 @@ use std::{
 };
 
 use ebpf_cni_tests::{
-    Testbed,
+    Cluster, EXT_SERVER_V6, NODE1_UPLINK_IP, NODE1_UPLINK_IPV6, Testbed, run_in,
     runtime::{Runtime, Sandbox},
 };
 use serde_json::{Value, json};
@@ -38,10 +38,18 @@ fn installs_binary_and_conflist_into_a_root() {
     let root = root_of(&tb);
     let binary = tb.plugin.binary.clone();
     let root_arg = root.to_str().unwrap();
-    let (ok, stdout, stderr) = install(
-        &binary,
-        &["--root", root_arg, "--pod-cidr", "10.251.7.0/24", "--cluster-cidr", "10.251.0.0/16", "--masquerade"],
-    );
+    let args = [
+        "--root",
+        root_arg,
+        "--pod-cidr",
+        "10.251.7.0/24",
+        "--cluster-cidr",
+        "10.251.0.0/16",
+        "--masquerade",
+        "--node-ip",
+        "192.0.2.7",
+    ];
+    let (ok, stdout, stderr) = install(&binary, &args);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("wrote"), "{stdout}");
 
@@ -60,8 +68,10 @@ fn installs_binary_and_conflist_into_a_root() {
         serde_json::from_str(&fs::read_to_string(root.join("etc/ebpf-cni/node.json")).unwrap()).unwrap();
     assert_eq!(
         node_file,
-        json!({ "primaryNetwork": "ebpf-cni", "ipMasq": true, "clusterCIDR": "10.251.0.0/16", "podCIDRs": ["10.251.7.0/24"] }),
-        "the conflist's network is the primary one, with its datapath settings, and pods stay in the pod CIDR"
+        json!({ "primaryNetwork": "ebpf-cni", "ipMasq": true, "clusterCIDR": "10.251.0.0/16", "podCIDRs": ["10.251.7.0/24"],
+                "nodeIP": "192.0.2.7" }),
+        "the conflist's network is the primary one, with its datapath settings and the node's address, and pods \
+         stay in the pod CIDR"
     );
     for dir in ["opt/cni/bin", "etc/cni/net.d", "etc/ebpf-cni"] {
         let names: Vec<String> =
@@ -75,10 +85,7 @@ fn installs_binary_and_conflist_into_a_root() {
     let node_path = root.join("etc/ebpf-cni/node.json");
     let (conf_inode, bin_inode) = (inode(&root.join("etc/cni/net.d/10-ebpf-cni.conflist")), inode(&installed));
     let node_inode = inode(&node_path);
-    let (ok, stdout, _) = install(
-        &binary,
-        &["--root", root_arg, "--pod-cidr", "10.251.7.0/24", "--cluster-cidr", "10.251.0.0/16", "--masquerade"],
-    );
+    let (ok, stdout, _) = install(&binary, &args);
     assert!(ok && stdout.contains("up to date"), "{stdout}");
     assert_eq!(inode(&root.join("etc/cni/net.d/10-ebpf-cni.conflist")), conf_inode);
     assert_eq!(inode(&node_path), node_inode);
@@ -189,4 +196,64 @@ fn reads_the_pod_cidr_of_its_node() {
         assert!(!ok && stderr.contains(says), "{full:?}: {stderr}");
         assert!(!empty.exists(), "{full:?} wrote something");
     }
+}
+
+/// Issue 24, item 10: on a masquerading dual-stack node the installer writes the uplink's
+/// addresses into the node file (`nodeIP`, `nodeIPv6`), read once. ADD used to read the IPv6 one
+/// from the uplink every time: once the uplink was renumbered, every ADD computed other settings
+/// than the loaded datapath's and was refused with code 7 until the network's last pod was gone.
+/// Now ADD takes the node file's, and a pod added after the renumbering gets its network.
+#[test]
+fn the_installer_writes_the_node_addresses_and_a_renumbered_uplink_does_not_refuse_add() {
+    let test = "the_installer_writes_the_node_addresses_and_a_renumbered_uplink_does_not_refuse_add";
+    let Some(mut c) = Cluster::for_test(test, "instr", "10.251.0.0/16", ["10.251.11.0/24", "10.251.12.0/24"]) else {
+        return;
+    };
+    c.add_ipv6("fd00:10:251::/56", ["fd00:10:251:11::/64", "fd00:10:251:12::/64"]).unwrap();
+    let tb = &mut c.nodes[0];
+    let root = root_of(tb);
+    // In the node's namespace, as the DaemonSet's init container runs in the host's.
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", tb.node.name))
+        .arg(&tb.plugin.binary)
+        .args(["install", "--root", root.to_str().unwrap(), "--network", &tb.network, "--masquerade"])
+        .args(["--pod-cidr", "10.251.11.0/24,fd00:10:251:11::/64", "--cluster-cidr", "10.251.0.0/16,fd00:10:251::/56"])
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let node_path = root.join("etc/ebpf-cni/node.json");
+    let mut node_file: Value = serde_json::from_str(&fs::read_to_string(&node_path).unwrap()).unwrap();
+    assert_eq!(
+        (node_file["nodeIP"].as_str(), node_file["nodeIPv6"].as_str()),
+        (Some(NODE1_UPLINK_IP), Some(NODE1_UPLINK_IPV6))
+    );
+    // The installed node file and conflist, with the state redirected into the testbed.
+    node_file["bpffsRoot"] = json!(tb.bpffs_root());
+    node_file["ipamDataDir"] = json!(tb.data_dir());
+    let node_conf = tb.data_dir().with_file_name("node.json");
+    fs::write(&node_conf, node_file.to_string()).unwrap();
+    let list = conflist(&root);
+    let mut conf = list["plugins"][0].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    conf["name"] = list["name"].clone();
+    let env = [("EBPF_CNI_NODE_CONF", node_conf.to_str().unwrap())];
+    let add = |tb: &Testbed, pod: usize| tb.cni_env("ADD", pod, &conf, &tb.pods[pod].netns_path(), &env).unwrap();
+    let first = tb.new_pod().unwrap();
+    let out = add(tb, first);
+    assert!(out.success, "{} {}", out.stdout, out.stderr);
+    let first_ns = tb.pods[first].netns.name.clone();
+    assert!(run_in(&first_ns, "ping", &["-6", "-c", "1", "-W", "2", EXT_SERVER_V6]).is_ok(), "IPv6 to the outside");
+
+    // The uplink is renumbered: its IPv6 address is another one from now on.
+    run_in(&tb.node.name, "ip", &["-6", "addr", "add", "fd00:192:0:2::9/64", "dev", "uplink0", "nodad"]).unwrap();
+    run_in(&tb.node.name, "ip", &["-6", "addr", "del", &format!("{NODE1_UPLINK_IPV6}/64"), "dev", "uplink0"]).unwrap();
+    let second = tb.new_pod().unwrap();
+    let out = add(tb, second);
+    assert!(out.success, "ADD after the uplink was renumbered: {} {}", out.stdout, out.stderr);
+    for pod in [first, second] {
+        let out = tb.cni_env("DEL", pod, &conf, &tb.pods[pod].netns_path(), &env).unwrap();
+        assert!(out.success, "{} {}", out.stdout, out.stderr);
+    }
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }

@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 use ebpf_cni_tests::{
-    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, require_privileges,
+    Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, Testbed, crash, require_privileges, run_in,
     runtime::{Runtime, Sandbox},
     traffic,
 };
@@ -231,4 +231,94 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     assert!(tb.ping(&next_ns, EXT_SERVER), "a pod on this build's datapath → outside");
     tb.del(next).unwrap();
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+}
+
+/// This build's filters on node 1's uplink, (egress, ingress).
+fn uplink_filters(tb: &Testbed) -> (usize, usize) {
+    let count = |direction: &str| {
+        let out = run_in(&tb.node.name, "tc", &["filter", "show", "dev", "uplink0", direction]).unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("direct-action")).count()
+    };
+    (count("egress"), count("ingress"))
+}
+
+/// The previous release's uplink programs (it attaches them with TCX links, pinned beside
+/// them): their ids, from their pins in the v2 directory.
+fn previous_uplink_programs(tb: &Testbed) -> Vec<u64> {
+    ["to_uplink", "from_uplink"]
+        .iter()
+        .map(|name| {
+            let pin = tb.pin_dir().join("v2/progs").join(name);
+            let out = ebpf_cni_tests::run("bpftool", &["-j", "prog", "show", "pinned", pin.to_str().unwrap()]).unwrap();
+            serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+/// How many BPF links in the kernel run one of `programs` (ids are unique node-wide).
+fn links_running(programs: &[u64]) -> usize {
+    let out = ebpf_cni_tests::run("bpftool", &["-j", "link", "show"]).unwrap();
+    let links: Value = serde_json::from_slice(&out.stdout).unwrap();
+    links.as_array().unwrap().iter().filter(|l| l["prog_id"].as_u64().is_some_and(|id| programs.contains(&id))).count()
+}
+
+/// The last DEL of a network that still runs the previous release's datapath (layout v2, with
+/// masquerade), killed midway: after it unpinned `from_pod`, the mark of a complete load, and
+/// before it removed the rest of the v2 directory, the uplink's TCX links pinned there
+/// included (`del:mid-unload`).
+/// That directory used to lock the network out for good: every ADD was refused with code 102
+/// ("holds pins of another ebpf-cni layout"), and neither the runtime's DEL retry nor GC removed
+/// it, as they only looked at this build's layout. Now whichever verb comes next (a new pod's
+/// ADD, the DEL's retry, a GC) finishes the removal, the previous layout's uplink links
+/// included; the ADD then loads this build's datapath and its pod reaches the outside.
+#[test]
+fn an_interrupted_last_del_of_the_previous_layout_does_not_lock_the_network_out() {
+    let test = "an_interrupted_last_del_of_the_previous_layout_does_not_lock_the_network_out";
+    if !require_privileges(test) {
+        return;
+    }
+    let Some(base) = base_plugin(test) else { return };
+    let new = Plugin::from_env().unwrap();
+    let mut c =
+        Cluster::with_plugin("upgi", "10.250.0.0/16", ["10.250.1.0/24", "10.250.2.0/24"], base.clone()).unwrap();
+    let tb = &mut c.nodes[0];
+    for next in ["ADD", "DEL", "GC"] {
+        tb.plugin = base.clone();
+        let old = tb.new_pod().unwrap();
+        tb.add(old).unwrap();
+        assert!(tb.pin_dir().join("v2/progs/from_pod").exists(), "{next}: the previous release pins layout v2");
+        let previous = previous_uplink_programs(tb);
+        assert_eq!(links_running(&previous), 2, "{next}: the previous release's uplink links");
+        tb.plugin = new.clone();
+        crash::killed_at(tb, old, "DEL", crash::LAST_DEL_STEP);
+        assert!(
+            tb.pin_dir().join("v2").exists() && !tb.pin_dir().join("v2/progs/from_pod").exists(),
+            "{next}: the DEL was not interrupted midway"
+        );
+        assert_eq!(links_running(&previous), 2, "{next}: the previous layout's uplink links were already gone");
+        match next {
+            "ADD" => {
+                let pod = tb.new_pod().unwrap();
+                let out = tb.cni("ADD", pod, &tb.conf("1.1.0")).unwrap();
+                assert!(out.success, "ADD after the interrupted DEL: {} {}", out.stdout, out.stderr);
+                assert!(!tb.pin_dir().join("v2").exists(), "ADD left the previous layout's pins");
+                assert!(tb.version_dir().join("progs/from_pod").exists(), "this build's layout was not loaded");
+                assert_eq!(uplink_filters(tb), (1, 1), "one filter each way: this build's");
+                assert!(tb.ping(&tb.pods[pod].netns.name, EXT_SERVER), "the new pod → outside");
+                tb.del(old).unwrap();
+                tb.del(pod).unwrap();
+            }
+            "DEL" => tb.del(old).unwrap(),
+            _ => {
+                let mut conf = tb.conf("1.1.0");
+                conf["cni.dev/valid-attachments"] = json!([]);
+                let out = tb.cni("GC", old, &conf).unwrap();
+                assert!(out.success, "GC: {} {}", out.stdout, out.stderr);
+            }
+        }
+        assert!(!tb.pin_dir().join("v2").exists(), "{next} left the previous layout's pins");
+        assert_eq!(links_running(&previous), 0, "{next}: the previous layout's uplink links stay");
+        assert_eq!(uplink_filters(tb), (0, 0), "{next}: filters left on the uplink");
+        assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new(), "{next}");
+    }
 }

@@ -8,6 +8,7 @@ use std::{
     net::{IpAddr, Ipv6Addr},
     os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
     path::Path,
+    sync::Arc,
 };
 
 use aya::{
@@ -28,7 +29,8 @@ use crate::{
 
 pub struct Datapath {
     pub(super) pins: Pins,
-    _lock: Flock<File>,
+    /// Shared by the views of other layouts' pins under the same lock ([`Self::view`]).
+    _lock: Arc<Flock<File>>,
 }
 
 impl Datapath {
@@ -55,7 +57,7 @@ impl Datapath {
             .map_err(|(_, errno)| errno)
             .cni(ErrorCode::DATAPATH, "cannot lock bpffs root")?;
         // Chosen under the lock: a concurrent last DEL may be removing the previous layout.
-        Ok(Self { pins: Pins::current(root, network), _lock: lock })
+        Ok(Self { pins: Pins::current(root, network), _lock: Arc::new(lock) })
     }
 
     /// Mounts bpffs for `root` when the node has none there (a fresh node), saying so in the
@@ -198,10 +200,46 @@ impl Datapath {
         Ok(())
     }
 
+    /// Other pins of the same network, under the lock this value holds.
+    fn view(&self, pins: Pins) -> Self {
+        Self { pins, _lock: Arc::clone(&self._lock) }
+    }
+
+    /// Finishes an unload of the previous layout's pins that was interrupted (a last DEL or GC
+    /// killed after it unpinned `from_pod`, the mark of a complete load, and before the
+    /// directory was gone). Nothing can attach to such pins any more, but their directory would
+    /// refuse this build's load (code 102) for ever, and their uplink filters, if not yet
+    /// detached, would go on running beside this build's. Left alone while its `ENDPOINTS`
+    /// still has entries (pods of that release); returns whether anything was removed.
+    pub async fn finish_interrupted_unload(&self, node: &Netlink) -> CniResult<bool> {
+        if self.pins.is_previous() {
+            return Ok(false);
+        }
+        let previous = self.pins.other_version(super::pins::PREVIOUS_LAYOUT_VERSION);
+        if !previous.version_dir().exists() || previous.program(names::FROM_POD).exists() {
+            return Ok(false);
+        }
+        let previous = self.view(previous);
+        let removed = previous.remove_own_if_unused(node).await?;
+        if removed {
+            log::info!(
+                "removed the pins of layout v{} whose removal an interrupted DEL or GC had left",
+                previous.pins.version()
+            );
+        }
+        Ok(removed)
+    }
+
     /// Removes the network's pins of this layout when no endpoint is left (every attachment
     /// has one per address). Filters still running the programs keep them alive until their
-    /// veths go.
+    /// veths go. An interrupted unload of the previous layout is finished first.
     pub async fn remove_if_unused(&self, node: &Netlink) -> CniResult<bool> {
+        let previous = self.finish_interrupted_unload(node).await;
+        let own = self.remove_own_if_unused(node).await;
+        previous.and(own)
+    }
+
+    async fn remove_own_if_unused(&self, node: &Netlink) -> CniResult<bool> {
         let endpoints_left = match self.endpoints()? {
             Some(map) => map.keys().next().is_some(),
             None => false,
@@ -218,6 +256,7 @@ impl Datapath {
             }
             _ => {}
         }
+        crate::fault::point("del:mid-unload");
         self.detach_uplink(node).await?;
         match fs::remove_dir_all(self.pins.version_dir()) {
             Err(e) if e.kind() != ErrorKind::NotFound => {

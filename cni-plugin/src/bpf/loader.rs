@@ -62,6 +62,9 @@ impl Datapath {
             }
             log::info!("no pod used the datapath loaded with other settings: loading it again with this ADD's");
         }
+        // A last DEL of the previous layout killed midway leaves its directory without the
+        // mark of a complete load: finished here, or the check below would refuse for ever.
+        self.finish_interrupted_unload(node).await?;
         self.refuse_other_layouts()?;
         // A load interrupted before the last pin leaves some pins behind, and maybe filters on
         // the uplink running its programs: start over. (`uplink` held the TCX links of builds

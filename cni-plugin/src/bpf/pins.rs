@@ -42,6 +42,12 @@ impl Pins {
         if previous.program(names::FROM_POD).exists() { previous } else { own }
     }
 
+    /// The same network's pins of layout `version`.
+    pub fn other_version(&self, version: u32) -> Self {
+        let version_dir = self.network_dir.join(format!("v{version}"));
+        Self { network_dir: self.network_dir.clone(), version_dir, version }
+    }
+
     pub fn version(&self) -> u32 {
         self.version
     }
