@@ -4,11 +4,11 @@
 //! neither take a destination's ports from the others nor fill `NAT`, whose LRU would then
 //! evict the others' idle but live flows.
 //!
-//! Held, not opened per minute: a flow counts from its first packet until its reply entry goes
-//! (another flow takes its port once it idled out, or the pod is gone), whether or not it
-//! carries traffic. The programs count up when they hand out a port and down when they take
-//! over a port another flow held; the node agent recounts from `NAT` every interval, which
-//! also forgets flows the LRU dropped and flows that idled out unseen.
+//! Held, not opened per minute: a flow counts from its first packet until it idles out (or its
+//! pod is gone), whether or not it carries traffic. The programs count up when they hand out a
+//! port; the node agent recounts from `NAT`'s live reply entries every interval (and GC does),
+//! which forgets flows that idled out, lost their port to another flow or were dropped by the
+//! LRU. Between recounts a count only errs high: a pod at its bound waits for the next recount.
 
 /// A pod's count: towards one destination, or (all of `protocol`, `dst_port` and `dst_addr`
 /// zero, `family` 0) in total.

@@ -39,15 +39,13 @@ pub struct PortSearch {
     span: u32,
     /// The offset in the range of a port the next search leaves out, `span` for none.
     skip: u32,
-    /// The owner of the flow whose idle or orphaned port the claim took over, 0 for none.
-    pub taken_from: u64,
 }
 
 impl PortSearch {
     #[inline(always)]
     pub fn new(key: FlowKey, reply: NatEntry, config: &DatapathConfig) -> Self {
         let span = u32::from(config.port_max.saturating_sub(config.port_min)) + 1;
-        Self { key, reply, port_min: config.port_min, found: 0, span, skip: span, taken_from: 0 }
+        Self { key, reply, port_min: config.port_min, found: 0, span, skip: span }
     }
 
     /// Up to `NAT_PORT_TRIES` random ports of the range, through `bpf_loop`: the verifier checks
@@ -57,7 +55,6 @@ impl PortSearch {
     #[inline(always)]
     pub fn next(&mut self) -> Option<u16> {
         self.found = 0;
-        self.taken_from = 0;
         let context: *mut PortSearch = self;
         // SAFETY: the callback only reads and writes `self`, which outlives the call.
         unsafe { bpf_loop(NAT_PORT_TRIES, try_random_port as *mut c_void, context.cast(), 0) };
@@ -84,7 +81,7 @@ extern "C" fn try_random_port(index: u64, context: *mut c_void) -> i64 {
     let take_idle = index >= u64::from(NAT_PORT_TRIES / 2);
     search.key.dst_port = candidate;
     // ICMP identifiers and ports are never 0 on the wire for a real flow.
-    if candidate != 0 && claim(&search.key, &search.reply, take_idle, &mut search.taken_from) {
+    if candidate != 0 && claim(&search.key, &search.reply, take_idle) {
         search.found = candidate;
         return 1;
     }
@@ -115,15 +112,14 @@ fn random_candidate(port_min: u16, span: u32, skip: u32) -> Option<u16> {
 /// whose owner no longer holds its pod's address (DEL leaves a deleted pod's flows to age)
 /// holds nothing.
 #[inline(always)]
-fn claim(key: &FlowKey, reply: &NatEntry, take_idle: bool, taken_from: &mut u64) -> bool {
+fn claim(key: &FlowKey, reply: &NatEntry, take_idle: bool) -> bool {
     let Some(held) = maps::NAT.get_ptr(key) else {
         return maps::NAT.insert(key, reply, u64::from(BPF_NOEXIST)).is_ok();
     };
     // SAFETY: an LRU value, read field by field (a copy would cost stack the callback of
     // `next` does not have).
-    let (ours, last_seen, closing, owner) = unsafe {
-        ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns, (*held).closing, (*held).owner)
-    };
+    let (ours, last_seen, closing) =
+        unsafe { ((*held).addr == reply.addr && (*held).port == reply.port, (*held).last_seen_ns, (*held).closing) };
     let idle = take_idle && reply.last_seen_ns.saturating_sub(last_seen) > timeout(key.protocol, closing != 0);
     if !(ours || idle || orphaned(key.family, held)) {
         return false;
@@ -131,11 +127,7 @@ fn claim(key: &FlowKey, reply: &NatEntry, take_idle: bool, taken_from: &mut u64)
     // Deleted, then inserted only if still absent: of two CPUs taking the same idle port, one
     // wins (overwriting in place would let both believe they had it).
     let _ = maps::NAT.remove(key);
-    let claimed = maps::NAT.insert(key, reply, u64::from(BPF_NOEXIST)).is_ok();
-    if claimed {
-        *taken_from = owner;
-    }
-    claimed
+    maps::NAT.insert(key, reply, u64::from(BPF_NOEXIST)).is_ok()
 }
 
 /// Whether the reply entry `held` belongs to an attachment that is gone.

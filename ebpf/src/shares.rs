@@ -1,7 +1,9 @@
 //! The flows each pod holds through masquerade (`NAT_SHARES`, see ebpf-common's `shares.rs`):
-//! counted up when a new flow gets a port, down when a port another flow held is taken over.
-//! Plain read-modify-writes, as in `pod_flows.rs`: two CPUs at once can lose a count, which the
-//! agent's recount from `NAT` puts right.
+//! counted up when a new flow gets a port (and down when it gets none after all). Flows that
+//! end, idle out or lose their port to another flow are counted down by the agent's recount from
+//! `NAT` (every interval) and GC's: between recounts a count only errs high. Plain
+//! read-modify-writes, as in `pod_flows.rs`: two CPUs at once can lose a count, which the
+//! recount puts right too.
 //!
 //! The two keys are built in a per-CPU scratch value (`SHARE_KEYS`), not on the stack: they
 //! are needed where `to_uplink`'s frame already holds nearly all of the 512 bytes.

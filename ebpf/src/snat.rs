@@ -210,10 +210,6 @@ fn claim_free_port(
     let mut search = PortSearch::new(reply_key(flow, config.node_ipv4, 0), reply_entry(flow, owner, now), config);
     for _ in 0..SOCKET_SEARCHES {
         let port = search.next().ok_or(DropReason::NatPortsExhausted)?;
-        // The flow that held the port idled out or lost its pod: it holds nothing now.
-        if search.taken_from != 0 {
-            shares::release(search.taken_from, &search.key);
-        }
         if !node_sockets::hold(ctx, flow, config.node_ipv4, port) {
             return Ok(port);
         }

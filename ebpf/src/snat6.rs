@@ -29,7 +29,7 @@ pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow6, owner:
     let port = match existing_port(flow, config, now, owner) {
         Some(port) => port,
         None if !flow.opens() && steer::has(&flow.key, FLOW_FROM_OUTSIDE, owner) => return Ok(Outcome::OwnAddress),
-        None => snat::unpack(allocate_apart(ctx, flow, config, owner, now))?,
+        None => allocate_counted(ctx, flow, config, owner, now)?,
     };
     rewrite(ctx, flow, Side::Source, &config.node_ipv6, port)?;
     Ok(Outcome::Masqueraded)
@@ -78,6 +78,23 @@ fn existing_port(flow: &Flow6, config: &DatapathConfig, now: u64, owner: u64) ->
     Some(port)
 }
 
+/// A new flow's port, counted in the pod's shares (`shares.rs`) from this frame: called from
+/// the port search's frame, the share's would not fit the 512-byte stack.
+#[inline(always)]
+fn allocate_counted(
+    ctx: &TcContext,
+    flow: &Flow6,
+    config: &DatapathConfig,
+    owner: u64,
+    now: u64,
+) -> Result<u16, DropReason> {
+    let share = reply_key(flow, config, 0);
+    if !shares::admit(owner, &share, config) {
+        return Err(DropReason::NatPodShare);
+    }
+    snat::unpack(allocate_apart(ctx, flow, config, owner, now)).inspect_err(|_| shares::release(owner, &share))
+}
+
 /// [`allocate`] in a BPF function of its own, as `snat::allocate_apart`.
 #[inline(never)]
 fn allocate_apart(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, now: u64) -> u32 {
@@ -89,28 +106,20 @@ fn allocate(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, 
     if !pod_flows::admit(owner, now, config.pod_flows_per_minute) {
         return Err(DropReason::NatPodLimit);
     }
-    let share = reply_key(flow, config, 0);
-    if !shares::admit(owner, &share, config) {
-        return Err(DropReason::NatPodShare);
-    }
     let port = match claim_free_port(ctx, flow, config, owner, now) {
-        0 => {
-            shares::release(owner, &share);
-            return Err(DropReason::NatPortsExhausted);
-        }
+        0 => return Err(DropReason::NatPortsExhausted),
         port => port,
     };
     let egress = NatEntry { addr: config.node_ipv6, port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
     // As `snat::allocate`: the first of two CPUs wins, a dead flow's entry is replaced.
     if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_NOEXIST)).is_err() {
         if let Some(theirs) = existing_port(flow, config, now, owner) {
+            // Counted twice now (the winner counted it too), until the agent's recount.
             let _ = maps::NAT.remove(&reply_key(flow, config, port));
-            shares::release(owner, &share);
             return Ok(theirs);
         }
         if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_ANY)).is_err() {
             let _ = maps::NAT.remove(&reply_key(flow, config, port));
-            shares::release(owner, &share);
             return Err(DropReason::NatPortsExhausted);
         }
     }
@@ -133,10 +142,6 @@ fn claim_free_port(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner
     let mut search = PortSearch::new(reply_key(flow, config, 0), reply_entry(flow, owner, now), config);
     for _ in 0..SOCKET_SEARCHES {
         let Some(port) = search.next() else { return 0 };
-        // As in `snat::claim_free_port`.
-        if search.taken_from != 0 {
-            shares::release(search.taken_from, &search.key);
-        }
         if !node_sockets::hold6(ctx, flow, &config.node_ipv6, port) {
             return port;
         }

@@ -219,6 +219,19 @@ impl Testbed {
         }
     }
 
+    /// GC (spec 1.1.0) that must succeed, with the attachments (`eth0`) of `valid` pods valid.
+    pub fn gc(&self, valid: &[usize]) -> Result<()> {
+        let mut conf = self.conf("1.1.0");
+        let attachments: Vec<Value> = valid
+            .iter()
+            .map(|&p| serde_json::json!({"containerID": self.pods[p].container_id, "ifname": "eth0"}))
+            .collect();
+        conf["cni.dev/valid-attachments"] = Value::Array(attachments);
+        let out = self.cni("GC", valid.first().copied().unwrap_or(0), &conf)?;
+        anyhow::ensure!(out.success, "GC failed: {} {}", out.stdout, out.stderr);
+        Ok(())
+    }
+
     /// ADD in spec 1.0.0 that must succeed; returns the pod's address without prefix.
     pub fn add(&self, pod: usize) -> Result<String> {
         let out = self.cni("ADD", pod, &self.conf("1.0.0"))?;

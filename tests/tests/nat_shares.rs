@@ -81,17 +81,12 @@ fn one_pod_cannot_hold_a_destinations_ports() {
     assert_eq!(send(tb, &a, 19_999, ext, 54).0, TC_ACT_UNSPEC, "a to another destination");
 
     // GC's recount from NAT keeps the live flows' counts: still refused.
-    let gc = json!({"cni.dev/valid-attachments": (0..2).map(|p| json!({"containerID": tb.pods[p].container_id, "ifname": "eth0"})).collect::<Vec<_>>()});
-    let mut conf = tb.conf("1.1.0");
-    conf.as_object_mut().unwrap().extend(gc.as_object().unwrap().clone());
-    let out = tb.cni("GC", 0, &conf).unwrap();
-    assert!(out.success, "GC: {} {}", out.stdout, out.stderr);
+    tb.gc(&[0, 1]).unwrap();
     assert_eq!(send(tb, &a, 19_998, ext, 53).0, TC_ACT_SHOT, "a new flow after GC's recount");
 
     // Flows that leave NAT unseen (the LRU drops them) stop counting at the next recount.
     forget_all_flows(tb);
-    let out = tb.cni("GC", 0, &conf).unwrap();
-    assert!(out.success, "GC: {} {}", out.stdout, out.stderr);
+    tb.gc(&[0, 1]).unwrap();
     assert_eq!(send(tb, &a, 19_998, ext, 53).0, TC_ACT_UNSPEC, "a's new flow once its old ones are gone");
 }
 
