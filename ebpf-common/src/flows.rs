@@ -39,11 +39,11 @@ pub struct FlowEntry {
 /// flow (`nf_conntrack_udp_timeout_stream` 120 s, ICMP 30 s), so that no reply it would still
 /// translate takes a fast path. A TCP flow's entry holds until a pod's SYN opens a new
 /// connection with its addresses and ports (the fast path then forgets it), the LRU, or
-/// [`FLOW_TIMEOUT_TCP_NS`] without a packet: as long as masquerade keeps an idle TCP flow's port
-/// (`NAT_TIMEOUT_TCP_NS`), so a connection idle that long is lost either way, and no entry, not
-/// even one a spoofed SYN made, outlives it.
+/// [`FLOW_TIMEOUT_TCP_NS`] without a packet: the established timeout kube-proxy gives conntrack
+/// (24 h), so that a Service connection idle that long still has its replies taken through the
+/// stack. Forged packets cannot make such entries (see `FLOW_FROM_OUTSIDE`), so long is safe.
 pub const FLOW_TIMEOUT_UDP_NS: u64 = 180 * 1_000_000_000;
-pub const FLOW_TIMEOUT_TCP_NS: u64 = crate::NAT_TIMEOUT_TCP_NS;
+pub const FLOW_TIMEOUT_TCP_NS: u64 = 24 * 60 * 60 * 1_000_000_000;
 pub const FLOW_TIMEOUT_ICMP_NS: u64 = 60 * 1_000_000_000;
 
 /// The node's stack delivered or sent this flow's other direction (netfilter may have
@@ -54,7 +54,17 @@ pub const FLOW_VIA_STACK: u32 = 1;
 /// that address (never masqueraded). Recorded by `to_pod` for a packet that opens a flow (a TCP
 /// SYN, a UDP datagram, an echo request) once the node's stack has accepted and routed it,
 /// never by `from_uplink`, before netfilter: any packet from the LAN would do there.
+/// Honoured only once [`FLOW_CONFIRMED`].
 pub const FLOW_FROM_OUTSIDE: u32 = 2;
+/// The pod answered a [`FLOW_FROM_OUTSIDE`] flow: its SYN-ACK for TCP, for UDP and echo any
+/// packet within [`FLOW_CONFIRM_WINDOW_NS`] of the outside's last. Until then a record is only a
+/// claim from the wire: one planted for a 5-tuple the pod uses later, or left behind a flow
+/// whose translation the LRU dropped, must not send the pod's own flow out unmasqueraded.
+pub const FLOW_CONFIRMED: u32 = 4;
+/// How soon the pod's first answer must follow the outside's packet for a record to be
+/// confirmed: a server answers within milliseconds, while a record planted by a forged datagram
+/// would have to be renewed this often, for every port it guesses, to catch the pod's own flow.
+pub const FLOW_CONFIRM_WINDOW_NS: u64 = 2 * 1_000_000_000;
 
 /// Capacity of `FLOWS`: flows a Service (or the outside) opened towards this node's pods, and
 /// flows this node's pods opened through the stack to other nodes. LRU: a full map forgets the

@@ -34,7 +34,7 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
         return packet::PASS;
     }
     // SAFETY: as above.
-    unsafe { snat::touch_from_peer(entry, bpf_ktime_get_ns(), flow.resets()) };
+    unsafe { snat::touch_from_peer(entry, bpf_ktime_get_ns()) };
     if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod, port) {
         return maps::drop(ctx, reason);
     }

@@ -7,14 +7,9 @@
 //! the atomic "is this port free for this destination" test, so two CPUs never hand out the same
 //! port. Both entries carry the owner (valid for that attachment only) and the time of the last
 //! packet (for reuse).
-use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
-    helpers::bpf_ktime_get_ns,
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TcContext};
 use ebpf_common::{
-    DatapathConfig, DropReason, FLOW_FROM_OUTSIDE, NAT_CLOSING_BY_POD, NAT_CLOSING_PEER_RESET, NAT_EGRESS, NAT_REPLY,
-    NatEntry, ipv4_in_16,
+    DatapathConfig, DropReason, NAT_CLOSING_BY_POD, NAT_CLOSING_PEER_RESET, NAT_EGRESS, NAT_REPLY, NatEntry, ipv4_in_16,
 };
 
 use crate::{
@@ -45,7 +40,9 @@ pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow, owner: 
     let now = unsafe { bpf_ktime_get_ns() };
     let port = match existing_port(flow, config, now, owner) {
         Some(port) => port,
-        None if !flow.opens() && steer::has(&flow.key(), FLOW_FROM_OUTSIDE, owner) => return Ok(Outcome::OwnAddress),
+        None if !flow.opens() && steer::answers_outside(&flow.key(), owner, flow.tcp_flags) => {
+            return Ok(Outcome::OwnAddress);
+        }
         None => allocate(ctx, flow, config, owner, now)?,
     };
     rewrite(ctx, flow, Side::Source, config.node_ipv4, port)?;
@@ -98,19 +95,32 @@ pub unsafe fn touch_from_pod(entry: *mut NatEntry, now: u64, closes: bool) {
     }
 }
 
-/// [`touch_from_pod`] for a reply from outside: a RST marks the flow closing until the pod
-/// shows it alive; a FIN (a half-close) marks nothing.
+/// [`touch_from_pod`] for a reply from outside, before netfilter has seen it: it only says
+/// the flow is alive. A RST marks the flow closing once the node's stack has accepted it and
+/// hands it into the pod ([`peer_reset`], from `to_pod`): one sprayed at the node's ports with
+/// a guessed sequence number is dropped by conntrack or answered by the pod's challenge ACK.
 ///
 /// # Safety
 /// As for [`touch_from_pod`].
 #[inline(always)]
-pub unsafe fn touch_from_peer(entry: *mut NatEntry, now: u64, resets: bool) {
+pub unsafe fn touch_from_peer(entry: *mut NatEntry, now: u64) {
     // SAFETY: guaranteed by the caller.
+    unsafe { refresh(entry, now) };
+}
+
+/// A RST from outside of masqueraded flow `flow` (as delivered into the pod: translated back)
+/// marks it closing until the pod's next packet shows it alive (`NAT_CLOSING_PEER_RESET`).
+#[inline(always)]
+pub fn peer_reset(flow: &Flow, config: &DatapathConfig) {
+    // The pod's side names the node's port; the reply entry is what a port claim looks at.
+    let Some(egress) = maps::NAT.get_ptr(&flow.reply_key()) else { return };
+    // SAFETY: LRU values, valid while this program runs.
     unsafe {
-        refresh(entry, now);
-        if resets && (*entry).closing == 0 {
-            (*entry).closing = NAT_CLOSING_PEER_RESET;
-            (*entry).last_seen_ns = now;
+        let key = flow::key(flow.protocol, flow.src, flow.src_port, config.node_ipv4, (*egress).port);
+        let Some(reply) = maps::NAT.get_ptr_mut(&key) else { return };
+        if (*reply).addr == ipv4_in_16(flow.dst) && (*reply).port == flow.dst_port && (*reply).closing == 0 {
+            (*reply).closing = NAT_CLOSING_PEER_RESET;
+            (*reply).last_seen_ns = bpf_ktime_get_ns();
         }
     }
 }
@@ -160,7 +170,7 @@ pub fn unpack(packed: u32) -> Result<u16, DropReason> {
 /// The egress entry goes in only if absent: when two CPUs handle a new flow's first packets at
 /// once, one writes it and the other gives its port back and takes the winner's, so the flow
 /// leaves from one port. An egress entry that is no live flow's (`existing_port` refused it:
-/// taken over, or a deleted pod's) is replaced.
+/// taken over, or a deleted pod's) is removed first, and the insert is still only-if-absent.
 #[inline(always)]
 fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, now: u64) -> Result<u16, DropReason> {
     if !pod_flows::admit(owner, now, config.pod_flows_per_minute) {
@@ -174,15 +184,15 @@ fn allocate(ctx: &TcContext, flow: &Flow, config: &DatapathConfig, owner: u64, n
     let egress =
         NatEntry { addr: ipv4_in_16(config.node_ipv4), port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
     if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_NOEXIST)).is_err() {
-        if let Some(theirs) = existing_port(flow, config, now, owner) {
-            let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
-            shares::release(owner, &share);
-            return Ok(theirs);
+        // A dead flow's entry is removed and the insert tried once more, still only if absent:
+        // another CPU may be replacing it too, and then its port is the flow's.
+        if existing_port(flow, config, now, owner).is_none() {
+            let _ = maps::NAT.remove(&flow.key());
         }
-        if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_ANY)).is_err() {
+        if maps::NAT.insert(&flow.key(), &egress, u64::from(BPF_NOEXIST)).is_err() {
             let _ = maps::NAT.remove(&reply_key(flow, config.node_ipv4, port));
             shares::release(owner, &share);
-            return Err(DropReason::NatPortsExhausted);
+            return existing_port(flow, config, now, owner).ok_or(DropReason::NatPortsExhausted);
         }
     }
     aya_log_ebpf::info!(

@@ -2,12 +2,8 @@
 //! port claims, timeouts and per-pod limit these share): a pod's flow to outside the cluster
 //! leaves with the node's IPv6 address and a port of the range; its replies get the pod's
 //! address and port back and go on into the node's stack.
-use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
-    helpers::bpf_ktime_get_ns,
-    programs::TcContext,
-};
-use ebpf_common::{DatapathConfig, DropReason, FLOW_FROM_OUTSIDE, ForwardPath, IpKey, NAT_EGRESS, NAT_REPLY, NatEntry};
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TcContext};
+use ebpf_common::{DatapathConfig, DropReason, ForwardPath, IpKey, NAT_EGRESS, NAT_REPLY, NatEntry};
 
 use crate::{
     flow6::{self, Flow6},
@@ -20,6 +16,22 @@ use crate::{
     steer,
 };
 
+/// `snat::peer_reset` for IPv6.
+#[inline(always)]
+pub fn peer_reset(flow: &Flow6, config: &DatapathConfig) {
+    let Some(egress) = maps::NAT.get_ptr(&flow.reply_key()) else { return };
+    // SAFETY: LRU values, valid while this program runs.
+    unsafe {
+        let k = &flow.key;
+        let key = flow6::key(k.protocol, k.src_addr, k.src_port, config.node_ipv6, (*egress).port);
+        let Some(reply) = maps::NAT.get_ptr_mut(&key) else { return };
+        if (*reply).addr == k.dst_addr && (*reply).port == k.dst_port && (*reply).closing == 0 {
+            (*reply).closing = ebpf_common::NAT_CLOSING_PEER_RESET;
+            (*reply).last_seen_ns = bpf_ktime_get_ns();
+        }
+    }
+}
+
 /// Gives the pod's packet the node's IPv6 address and the flow's port, unless it answers a flow
 /// opened from outside to the pod's address (the same rules as `snat::masquerade`).
 #[inline(always)]
@@ -28,7 +40,9 @@ pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow6, owner:
     let now = unsafe { bpf_ktime_get_ns() };
     let port = match existing_port(flow, config, now, owner) {
         Some(port) => port,
-        None if !flow.opens() && steer::has(&flow.key, FLOW_FROM_OUTSIDE, owner) => return Ok(Outcome::OwnAddress),
+        None if !flow.opens() && steer::answers_outside(&flow.key, owner, flow.tcp_flags) => {
+            return Ok(Outcome::OwnAddress);
+        }
         None => allocate_counted(ctx, flow, config, owner, now)?,
     };
     rewrite(ctx, flow, Side::Source, &config.node_ipv6, port)?;
@@ -54,7 +68,7 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
         return packet::PASS;
     }
     // SAFETY: as above.
-    unsafe { snat::touch_from_peer(entry, bpf_ktime_get_ns(), flow.resets()) };
+    unsafe { snat::touch_from_peer(entry, bpf_ktime_get_ns()) };
     if let Err(reason) = rewrite(ctx, &flow, Side::Destination, pod, port) {
         return maps::drop(ctx, reason);
     }
@@ -112,15 +126,15 @@ fn allocate(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, 
     };
     let egress = NatEntry { addr: config.node_ipv6, port, direction: NAT_EGRESS, ..reply_entry(flow, owner, now) };
     // As `snat::allocate`: the first of two CPUs wins, a dead flow's entry is replaced.
+    // As `snat::allocate`. The flow is counted twice when another CPU won (it counted it too),
+    // until the agent's recount.
     if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_NOEXIST)).is_err() {
-        if let Some(theirs) = existing_port(flow, config, now, owner) {
-            // Counted twice now (the winner counted it too), until the agent's recount.
-            let _ = maps::NAT.remove(&reply_key(flow, config, port));
-            return Ok(theirs);
+        if existing_port(flow, config, now, owner).is_none() {
+            let _ = maps::NAT.remove(&flow.key);
         }
-        if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_ANY)).is_err() {
+        if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_NOEXIST)).is_err() {
             let _ = maps::NAT.remove(&reply_key(flow, config, port));
-            return Err(DropReason::NatPortsExhausted);
+            return existing_port(flow, config, now, owner).ok_or(DropReason::NatPortsExhausted);
         }
     }
     aya_log_ebpf::info!(

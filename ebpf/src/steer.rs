@@ -13,10 +13,13 @@
 //! is valid for one owner only (the attachment of the local pod the key involves): the pod
 //! given a deleted pod's address never inherits its flows, so DEL need not purge them.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TcContext};
-use ebpf_common::{FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_NS, FLOW_TIMEOUT_UDP_NS, FLOW_VIA_STACK, FlowEntry, FlowKey};
+use ebpf_common::{
+    FLOW_CONFIRM_WINDOW_NS, FLOW_CONFIRMED, FLOW_FROM_OUTSIDE, FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_NS,
+    FLOW_TIMEOUT_UDP_NS, FLOW_VIA_STACK, FlowEntry, FlowKey,
+};
 
 use crate::{
-    flow::{Flow, PROTO_ICMP, PROTO_TCP},
+    flow::{Flow, PROTO_ICMP, PROTO_TCP, TCP_ACK, TCP_SYN},
     flow6::{Flow6, PROTO_ICMPV6},
     icmp_error, icmp_error6, maps,
 };
@@ -58,15 +61,66 @@ pub fn has(key: &FlowKey, flag: u32, owner: u64) -> bool {
     let Some(entry) = maps::FLOWS.get_ptr_mut(key) else { return false };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let timeout = match key.protocol {
-        PROTO_TCP => FLOW_TIMEOUT_TCP_NS,
-        PROTO_ICMP | PROTO_ICMPV6 => FLOW_TIMEOUT_ICMP_NS,
-        _ => FLOW_TIMEOUT_UDP_NS,
-    };
+    let timeout = timeout(key.protocol);
     // SAFETY: an LRU value, valid while this program runs.
     unsafe {
         if (*entry).owner != owner || (*entry).flags & flag == 0 || now.saturating_sub((*entry).last_seen_ns) > timeout
         {
+            return false;
+        }
+        touch(entry, now);
+    }
+    true
+}
+
+#[inline(always)]
+fn timeout(protocol: u8) -> u64 {
+    match protocol {
+        PROTO_TCP => FLOW_TIMEOUT_TCP_NS,
+        PROTO_ICMP | PROTO_ICMPV6 => FLOW_TIMEOUT_ICMP_NS,
+        _ => FLOW_TIMEOUT_UDP_NS,
+    }
+}
+
+/// Records that the stack accepted a packet opening a flow from outside the cluster towards
+/// `owner`'s pod (`to_pod`), keyed by the pod's replies. A TCP SYN starts the flow afresh: an
+/// old confirmation on the same 5-tuple is forgotten, and the pod's SYN-ACK must confirm again.
+#[inline(always)]
+pub fn record_from_outside(key: &FlowKey, owner: u64, syn: bool) {
+    if syn && let Some(entry) = maps::FLOWS.get_ptr_mut(key) {
+        // SAFETY: an LRU value, valid while this program runs.
+        unsafe {
+            if (*entry).owner == owner && (*entry).flags & FLOW_CONFIRMED != 0 {
+                (*entry).flags &= !FLOW_CONFIRMED;
+            }
+        }
+    }
+    record(key, owner, FLOW_FROM_OUTSIDE);
+}
+
+/// Whether `owner`'s pod's packet keyed `key` (TCP flags `tcp_flags`) answers a flow opened from
+/// outside towards its own address, so it keeps that address. A confirmed record within its
+/// protocol's timeout says so; an unconfirmed one only for the pod's first answer: its SYN-ACK,
+/// or for UDP and echo any packet within `FLOW_CONFIRM_WINDOW_NS` of the outside's last, which
+/// then confirms it.
+#[inline(always)]
+pub fn answers_outside(key: &FlowKey, owner: u64, tcp_flags: u8) -> bool {
+    let Some(entry) = maps::FLOWS.get_ptr_mut(key) else { return false };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: an LRU value, valid while this program runs.
+    unsafe {
+        let (flags, idle) = ((*entry).flags, now.saturating_sub((*entry).last_seen_ns));
+        if (*entry).owner != owner || flags & FLOW_FROM_OUTSIDE == 0 {
+            return false;
+        }
+        if flags & FLOW_CONFIRMED == 0 {
+            let syn_ack = TCP_SYN | TCP_ACK;
+            if idle > FLOW_CONFIRM_WINDOW_NS || key.protocol == PROTO_TCP && tcp_flags & syn_ack != syn_ack {
+                return false;
+            }
+            (*entry).flags = flags | FLOW_CONFIRMED;
+        } else if idle > timeout(key.protocol) {
             return false;
         }
         touch(entry, now);
@@ -98,8 +152,9 @@ unsafe fn touch(entry: *mut FlowEntry, now: u64) {
 /// whatever was recorded under its addresses and ports, both ways, belongs to an old one of the
 /// same pod and is forgotten, and the new connection takes the fast path. A SYN from the uplink
 /// forgets nothing: anyone on the LAN can send one with another node's pod's address, and
-/// would make a live Service flow's replies skip the stack that undoes its translation. It is
-/// looked up like any packet, and an old entry under its 5-tuple ages out.
+/// would make a live Service flow's replies skip the stack that undoes its translation. It goes
+/// through the stack when either way of its 5-tuple is recorded, so that conntrack sees the
+/// new connection's SYN as well as the replies the old record sends it.
 #[inline(always)]
 pub fn via_stack(ctx: &TcContext, flagged: bool, owner: u64, trusted: bool) -> bool {
     if !flagged {
@@ -111,6 +166,9 @@ pub fn via_stack(ctx: &TcContext, flagged: bool, owner: u64, trusted: bool) -> b
             let _ = maps::FLOWS.remove(&flow.key());
             let _ = maps::FLOWS.remove(&flow.reply_key());
             false
+        }
+        Ok(flow) if flow.opens() => {
+            has(&flow.key(), FLOW_VIA_STACK, owner) || has(&flow.reply_key(), FLOW_VIA_STACK, owner)
         }
         Ok(flow) => has(&flow.key(), FLOW_VIA_STACK, owner),
         Err(_) => icmp_error::flow_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK, owner)),
@@ -130,6 +188,9 @@ pub fn via_stack6(ctx: &TcContext, flagged: bool, owner: u64, trusted: bool) -> 
             let _ = maps::FLOWS.remove(&flow.key);
             let _ = maps::FLOWS.remove(&flow.reply_key());
             false
+        }
+        Ok(flow) if flow.opens() => {
+            has(&flow.key, FLOW_VIA_STACK, owner) || has(&flow.reply_key(), FLOW_VIA_STACK, owner)
         }
         Ok(flow) => has(&flow.key, FLOW_VIA_STACK, owner),
         Err(_) => icmp_error6::quoted_reply_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK, owner)),

@@ -8,11 +8,11 @@
 //! node's netfilter has accepted and routed it, and not in `from_uplink`, where any packet from
 //! the LAN, with any flags, would do. Nothing is ever dropped here.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, FAST_PATH_MARK, FLOW_FROM_OUTSIDE, FLOW_VIA_STACK, IpKey};
+use ebpf_common::{DatapathConfig, FAST_PATH_MARK, FLOW_VIA_STACK, IpKey};
 
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, flow, flow6::Flow6, maps, ndp, packet, steer};
+use crate::{config, flow, flow6::Flow6, maps, ndp, packet, snat, snat6, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -35,7 +35,7 @@ pub fn egress(ctx: &TcContext) -> i32 {
     let config = config::get();
     if !config.in_cluster(src) {
         if config.masquerade != 0 && from_uplink(ctx, &config) {
-            from_outside(ctx, dst);
+            from_outside(ctx, &config, dst);
         }
         return packet::PASS;
     }
@@ -61,17 +61,20 @@ fn from_uplink(ctx: &TcContext, config: &DatapathConfig) -> bool {
     config.uplink_ifindex != 0 && unsafe { (*ctx.skb.skb).ingress_ifindex } == config.uplink_ifindex
 }
 
-/// A packet from outside the cluster to pod `dst` that opens a flow: recorded, so that the
-/// pod's replies leave with its own address (`snat::masquerade`).
+/// A packet from outside the cluster to pod `dst`, accepted by the node's stack: one that opens
+/// a flow is recorded, so that the pod's answer may leave with its own address
+/// (`steer::answers_outside`); a RST ends a masqueraded flow's hold on its port until the pod
+/// shows it alive (`snat::peer_reset`).
 #[inline(always)]
-fn from_outside(ctx: &TcContext, dst: [u8; 4]) {
+fn from_outside(ctx: &TcContext, config: &DatapathConfig, dst: [u8; 4]) {
     let Ok(flow) = flow::Flow::parse(ctx) else { return };
-    if !flow.may_open() {
-        return;
-    }
-    if let Some(pod) = maps::ENDPOINTS.get_ptr(&IpKey::v4(dst)) {
+    if flow.resets() {
+        snat::peer_reset(&flow, config);
+    } else if flow.may_open()
+        && let Some(pod) = maps::ENDPOINTS.get_ptr(&IpKey::v4(dst))
+    {
         // SAFETY: a hash map value, valid while this program runs.
-        steer::record(&flow.reply_key(), unsafe { (*pod).owner }, FLOW_FROM_OUTSIDE);
+        steer::record_from_outside(&flow.reply_key(), unsafe { (*pod).owner }, flow.opens());
     }
 }
 
@@ -88,7 +91,7 @@ fn ipv6(ctx: &TcContext) -> i32 {
     }
     if !config.in_cluster6(&src) {
         if config.masquerades6() && from_uplink(ctx, config) {
-            from_outside6(ctx, &dst);
+            from_outside6(ctx, config, &dst);
         }
         return packet::PASS;
     }
@@ -109,13 +112,14 @@ fn ipv6(ctx: &TcContext) -> i32 {
 
 /// [`from_outside`] for IPv6.
 #[inline(always)]
-fn from_outside6(ctx: &TcContext, dst: &[u8; 16]) {
+fn from_outside6(ctx: &TcContext, config: &DatapathConfig, dst: &[u8; 16]) {
     let Ok(flow) = Flow6::parse(ctx) else { return };
-    if !flow.may_open() {
-        return;
-    }
-    if let Some(pod) = maps::ENDPOINTS.get_ptr(&IpKey::v6(*dst)) {
+    if flow.resets() {
+        snat6::peer_reset(&flow, config);
+    } else if flow.may_open()
+        && let Some(pod) = maps::ENDPOINTS.get_ptr(&IpKey::v6(*dst))
+    {
         // SAFETY: a hash map value, valid while this program runs.
-        steer::record(&flow.reply_key(), unsafe { (*pod).owner }, FLOW_FROM_OUTSIDE);
+        steer::record_from_outside(&flow.reply_key(), unsafe { (*pod).owner }, flow.opens());
     }
 }

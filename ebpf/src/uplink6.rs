@@ -79,7 +79,9 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     }
     let config = config::get();
     let Some((src, dst)) = addresses(ctx) else { return packet::PASS };
-    if config.in_node_pods6(src) || maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some() {
+    // Not link-local sources: the pods' link-local entries are theirs on their own links only,
+    // and a pod asking for a MAC whose EUI-64 is a LAN router's would cut the node off from it.
+    if !ipv6::is_link_scope(src) && (config.in_node_pods6(src) || maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some()) {
         return maps::drop(ctx, DropReason::SpoofedUplinkSource);
     }
     if config.masquerades6() && *dst == config.node_ipv6 {

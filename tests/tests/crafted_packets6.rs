@@ -148,6 +148,19 @@ fn ipv6_on_the_uplink_gets_its_documented_translations() {
         TC_ACT_SHOT,
         Some(DropReason::SpoofedUplinkSource),
     );
+    // A LAN host whose link-local address is a pod's (a pod may ask for a MAC whose EUI-64 it
+    // is) is not cut off: link-local entries vouch for the pod's own link only.
+    assert!(result["interfaces"][1]["sandbox"].is_string(), "interface 1 is the pod's");
+    let mac: Vec<u8> = result["interfaces"][1]["mac"]
+        .as_str()
+        .unwrap()
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    let link_local =
+        Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]]);
+    let router_solicitation = frame(link_local, "ff02::2".parse().unwrap(), ICMPV6, &[133, 0, 0, 0, 0, 0, 0, 0]);
+    from_uplink("from a LAN host with a pod's link-local address", router_solicitation, TC_ACT_UNSPEC);
     let answer = to_uplink("the pod's answer", frame(a, client, UDP, &udp(8080, 5000, b"ho")), TC_ACT_UNSPEC, None);
     assert_eq!(answer[SRC], a.octets(), "a reply in a flow opened from outside was masqueraded");
 

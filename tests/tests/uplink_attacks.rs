@@ -115,11 +115,35 @@ fn forged_packets_from_outside_change_no_flow_state() {
     assert_eq!(node.leaves_as("a's ACK on that flow", ext, &tcp(40002, 443, ACK)), node.node_ip);
 
     // 3. What stays: a flow the outside opens to a's address (a SYN the stack passed) is
-    //    answered from a's address; an ACK the stack passed opens none.
+    //    answered from a's address, once a's SYN-ACK confirmed it; an ACK the stack passed
+    //    opens none; a record a's SYN-ACK never confirmed (a planted SYN, its flow's own
+    //    translation gone) does not take a's segments off masquerade.
     node.stack_delivers_to_a(ext, &tcp(443, 40003, SYN));
     assert_eq!(node.leaves_as("a's SYN-ACK to the outside's SYN", ext, &tcp(40003, 443, SYN | ACK)), a_ip);
+    assert_eq!(node.leaves_as("a's next segment in that flow", ext, &tcp(40003, 443, ACK)), a_ip);
     node.stack_delivers_to_a(ext, &tcp(443, 40004, ACK));
     assert_eq!(node.leaves_as("a's answer to a lone ACK", ext, &tcp(40004, 443, ACK)), node.node_ip);
+    node.stack_delivers_to_a(ext, &tcp(443, 40005, SYN));
+    assert_eq!(node.leaves_as("a's ACK on an unconfirmed record", ext, &tcp(40005, 443, ACK)), node.node_ip);
+    // UDP: a datagram the stack passed is answered from a's address only by a's answer within
+    // the confirmation window; a's first datagram later on that 5-tuple is a flow of its own.
+    let udp_to_a =
+        |sport: u16, dport: u16| [&sport.to_be_bytes()[..], &dport.to_be_bytes(), &[0, 9, 0, 0, b'q']].concat();
+    let deliver_udp = |l4: &[u8]| {
+        let frame =
+            with_checksums([ethernet(node.a.pod_mac, node.a.host_mac, ETH_IPV4), ipv4(ext, a_ip, UDP, l4)].concat());
+        run_arrived(node.tb, "to_pod", &node.a.host_ifname, "uplink0", frame);
+    };
+    let udp_source = |what: &str, l4: &[u8]| {
+        let out = node.a_sends(what, ext, l4, UDP);
+        Ipv4Addr::new(out[26], out[27], out[28], out[29])
+    };
+    deliver_udp(&udp_to_a(53, 40006));
+    assert_eq!(udp_source("a's prompt answer to a datagram", &udp_to_a(40006, 53)), a_ip);
+    deliver_udp(&udp_to_a(53, 40007));
+    std::thread::sleep(std::time::Duration::from_millis(3_200));
+    assert_eq!(udp_source("a's own datagram long after a planted one", &udp_to_a(40007, 53)), node.node_ip);
+    assert_eq!(udp_source("a's answer, still confirmed", &udp_to_a(40006, 53)), a_ip);
 
     // 4. Sources of this node's pods arriving from the LAN: dropped, counted.
     node.arrives("from pod b's address", b.ip, a_ip, UDP, &[0; 8], TC_ACT_SHOT);
@@ -142,6 +166,16 @@ fn forged_packets_from_outside_change_no_flow_state() {
     node.arrives("the endpoint's reply", endpoint, a_ip, TCP, &tcp(8080, 40010, SYN | ACK), TC_ACT_UNSPEC);
     node.arrives("a forged SYN on the Service flow", endpoint, a_ip, TCP, &tcp(8080, 40010, SYN), TC_ACT_UNSPEC);
     node.arrives("the endpoint's next segment", endpoint, a_ip, TCP, &tcp(8080, 40010, ACK), TC_ACT_UNSPEC);
+
+    // 6. And a SYN from the uplink on a 5-tuple whose other way is recorded (a's replies to a
+    //    flow the stack delivered: hostPort, a NodePort's local endpoint) goes through the stack
+    //    too, so that conntrack sees the new connection both ways.
+    let remote: Ipv4Addr = "10.223.2.8".parse().unwrap();
+    let into_a = with_checksums(
+        [ethernet(node.a.pod_mac, node.a.host_mac, ETH_IPV4), ipv4(remote, a_ip, TCP, &tcp(5555, 8080, SYN))].concat(),
+    );
+    run_arrived(node.tb, "to_pod", &node.a.host_ifname, "uplink0", into_a);
+    node.arrives("a direct SYN on that 5-tuple", remote, a_ip, TCP, &tcp(5555, 8080, SYN), TC_ACT_UNSPEC);
 }
 
 #[test]
@@ -165,8 +199,12 @@ fn outside_resets_and_half_closes_do_not_end_a_masqueraded_flow() {
     let to_node = |flags| tcp(443, port, flags);
     node.arrives("the server's FIN (half-close)", ext, node.node_ip, TCP, &to_node(FIN | ACK), TC_ACT_UNSPEC);
     assert_eq!(node.closing(port), 0, "an outside FIN marked the flow closing");
+    // A RST sprayed at the node's ports marks nothing where it arrives (before netfilter)...
     node.arrives("a forged RST", ext, node.node_ip, TCP, &to_node(RST), TC_ACT_UNSPEC);
-    assert_eq!(node.closing(port), 2, "an outside RST marks the flow closing until a's next packet");
+    assert_eq!(node.closing(port), 0, "a RST marked the flow closing before the stack accepted it");
+    // ...only once the stack accepted it and hands it into a (translated back).
+    node.stack_delivers_to_a(ext, &tcp(443, 40001, RST));
+    assert_eq!(node.closing(port), 2, "an accepted outside RST marks the flow closing until a's next packet");
     node.a_sends("a's next segment", ext, &tcp(40001, 443, ACK), TCP);
     assert_eq!(node.closing(port), 0, "a's segment after the RST did not take the mark back");
     node.a_sends("a's FIN", ext, &tcp(40001, 443, FIN | ACK), TCP);

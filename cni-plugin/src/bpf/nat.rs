@@ -92,8 +92,8 @@ pub fn sweep_flows(pins: &Pins) -> CniResult<(usize, usize)> {
         .collect();
     let stale = |owner: &u64| !live.contains(owner);
     Ok((
-        remove_keys::<NatEntry>(pins, names::NAT, &nat, stale)?,
-        remove_keys::<FlowEntry>(pins, names::FLOWS, &flows, stale)?,
+        remove_keys::<NatEntry>(pins, names::NAT, &nat, |e| e.owner, stale)?,
+        remove_keys::<FlowEntry>(pins, names::FLOWS, &flows, |e| e.owner, stale)?,
     ))
 }
 
@@ -159,7 +159,7 @@ fn remove_owned<V: Pod>(
     stale: impl Fn(u64) -> bool,
 ) -> CniResult<usize> {
     let keys = collect_owned::<V>(pins, name, owner)?;
-    remove_keys::<V>(pins, name, &keys, |o| stale(*o))
+    remove_keys::<V>(pins, name, &keys, owner, |o| stale(*o))
 }
 
 /// Every key of the pinned flow map `name` with its entry's owner.
@@ -168,16 +168,28 @@ fn collect_owned<V: Pod>(pins: &Pins, name: &str, owner: fn(&V) -> u64) -> CniRe
     Ok(map.iter().filter_map(Result::ok).map(|(key, entry)| (key, owner(&entry))).collect())
 }
 
-/// Removes the keys of `keys` whose owner `stale` picks; returns how many went.
+/// Removes the keys of `keys` whose owner `stale` picks, each read again just before and left
+/// if another owner holds it now: a key collected as a gone pod's may be a live flow's by then
+/// (the programs take a gone pod's port for a new flow). (The read and the removal are two calls: a key that changes
+/// hands in the microseconds between them is still lost; the scan's seconds no longer count.)
+/// Returns how many went.
 fn remove_keys<V: Pod>(
     pins: &Pins,
     name: &str,
     keys: &[(FlowKey, u64)],
+    owner: fn(&V) -> u64,
     stale: impl Fn(&u64) -> bool,
 ) -> CniResult<usize> {
     let Some(mut map) = open::<FlowKey, V>(pins, name)? else { return Ok(0) };
-    // An entry the LRU evicted meanwhile is already gone: not an error.
-    Ok(keys.iter().filter(|(_, owner)| stale(owner)).filter(|(key, _)| map.remove(key).is_ok()).count())
+    let mut removed = 0;
+    for (key, collected) in keys.iter().filter(|(_, o)| stale(o)) {
+        let unchanged = map.get(key, 0).is_ok_and(|v| owner(&v) == *collected);
+        // An entry the LRU evicted meanwhile is already gone: not an error.
+        if unchanged && map.remove(key).is_ok() {
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// The pinned hash map `name`, if pinned.
