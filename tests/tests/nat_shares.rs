@@ -58,8 +58,7 @@ fn cluster(test: &str, tag: &str, second_octet: u8) -> Option<Cluster> {
 fn one_pod_cannot_hold_a_destinations_ports() {
     let Some(mut c) = cluster("one_pod_cannot_hold_a_destinations_ports", "share", 227) else { return };
     let tb = &mut c.nodes[0];
-    let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
-    let (a, b) = (tb.add_attachment(a).unwrap(), tb.add_attachment(b).unwrap());
+    let [a, b]: [Attached; 2] = tb.add_attachments(2).unwrap().try_into().unwrap();
     let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
     let bound = per_destination_bound(20_000, 20_999) as usize;
 
@@ -106,8 +105,7 @@ fn forget_all_flows(tb: &Testbed) {
 fn one_pods_churn_evicts_no_other_pods_idle_flow() {
     let Some(mut c) = cluster("one_pods_churn_evicts_no_other_pods_idle_flow", "churnx", 228) else { return };
     let tb = &mut c.nodes[0];
-    let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
-    let (a, b) = (tb.add_attachment(a).unwrap(), tb.add_attachment(b).unwrap());
+    let [a, b]: [Attached; 2] = tb.add_attachments(2).unwrap().try_into().unwrap();
     let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
 
     // b's TCP connection, then idle.

@@ -75,25 +75,33 @@ impl Node<'_> {
     }
 }
 
+/// A two-node cluster (`10.<octet>.0.0/16`) whose first node has `pods` pods attached.
+fn cluster_with_pods(test: &str, tag: &str, octet: u8, pods: usize) -> Option<(Cluster, Vec<Attached>)> {
+    let (cidr, subnets) = (format!("10.{octet}.0.0/16"), [format!("10.{octet}.1.0/24"), format!("10.{octet}.2.0/24")]);
+    let mut c = Cluster::for_test(test, tag, &cidr, [subnets[0].as_str(), subnets[1].as_str()])?;
+    let attached = c.nodes[0].add_attachments(pods).unwrap();
+    Some((c, attached))
+}
+
+impl<'a> Node<'a> {
+    fn new(tb: &'a Testbed, a: Attached) -> Self {
+        Self { tb, a, node_ip: NODE1_UPLINK_IP.parse().unwrap() }
+    }
+}
+
 fn port_of(frame: &[u8]) -> u16 {
     u16::from_be_bytes([frame[34], frame[35]])
 }
 
 #[test]
 fn forged_packets_from_outside_change_no_flow_state() {
-    let Some(mut c) = Cluster::for_test(
-        "forged_packets_from_outside_change_no_flow_state",
-        "forge",
-        "10.223.0.0/16",
-        ["10.223.1.0/24", "10.223.2.0/24"],
-    ) else {
+    let Some((c, mut pods)) = cluster_with_pods("forged_packets_from_outside_change_no_flow_state", "forge", 223, 2)
+    else {
         return;
     };
-    let tb = &mut c.nodes[0];
-    let (a, b) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
-    let (a, b) = (tb.add_attachment(a).unwrap(), tb.add_attachment(b).unwrap());
+    let b = pods.pop().unwrap();
     let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
-    let node = Node { tb, a, node_ip: NODE1_UPLINK_IP.parse().unwrap() };
+    let node = Node::new(&c.nodes[0], pods.pop().unwrap());
     let a_ip = node.a.ip;
 
     // 1. a's established masqueraded connection; the attacker forges the server's ACK and RST
@@ -180,19 +188,13 @@ fn forged_packets_from_outside_change_no_flow_state() {
 
 #[test]
 fn outside_resets_and_half_closes_do_not_end_a_masqueraded_flow() {
-    let Some(mut c) = Cluster::for_test(
-        "outside_resets_and_half_closes_do_not_end_a_masqueraded_flow",
-        "rst",
-        "10.224.0.0/16",
-        ["10.224.1.0/24", "10.224.2.0/24"],
-    ) else {
+    let Some((c, mut pods)) =
+        cluster_with_pods("outside_resets_and_half_closes_do_not_end_a_masqueraded_flow", "rst", 224, 1)
+    else {
         return;
     };
-    let tb = &mut c.nodes[0];
-    let a = tb.new_pod().unwrap();
-    let a = tb.add_attachment(a).unwrap();
     let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
-    let node = Node { tb, a, node_ip: NODE1_UPLINK_IP.parse().unwrap() };
+    let node = Node::new(&c.nodes[0], pods.pop().unwrap());
 
     let port = port_of(&node.a_sends("a's SYN", ext, &tcp(40001, 443, SYN), TCP));
     assert_eq!(node.closing(port), 0);
@@ -214,19 +216,13 @@ fn outside_resets_and_half_closes_do_not_end_a_masqueraded_flow() {
 
 #[test]
 fn icmp_errors_quoting_a_short_ipv4_header_are_not_translated() {
-    let Some(mut c) = Cluster::for_test(
-        "icmp_errors_quoting_a_short_ipv4_header_are_not_translated",
-        "ihl",
-        "10.225.0.0/16",
-        ["10.225.1.0/24", "10.225.2.0/24"],
-    ) else {
+    let Some((c, mut pods)) =
+        cluster_with_pods("icmp_errors_quoting_a_short_ipv4_header_are_not_translated", "ihl", 225, 1)
+    else {
         return;
     };
-    let tb = &mut c.nodes[0];
-    let a = tb.new_pod().unwrap();
-    let a = tb.add_attachment(a).unwrap();
     let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
-    let node = Node { tb, a, node_ip: NODE1_UPLINK_IP.parse().unwrap() };
+    let node = Node::new(&c.nodes[0], pods.pop().unwrap());
     // With IHL 0 the quoted "ports" are the quoted header's first bytes: 0x40 and its TOS, and
     // its total length. A flow whose masquerade port is 0x40xx, to port `total length`, is one
     // an attacker can name that way: find one among a's flows to port 28.
@@ -263,19 +259,11 @@ fn fragment(mut frame: Vec<u8>, id: u16, frags: u16) -> Vec<u8> {
 
 #[test]
 fn a_reused_fragment_id_finds_no_old_datagram() {
-    let Some(mut c) = Cluster::for_test(
-        "a_reused_fragment_id_finds_no_old_datagram",
-        "frag",
-        "10.226.0.0/16",
-        ["10.226.1.0/24", "10.226.2.0/24"],
-    ) else {
+    let Some((c, mut pods)) = cluster_with_pods("a_reused_fragment_id_finds_no_old_datagram", "frag", 226, 1) else {
         return;
     };
-    let tb = &mut c.nodes[0];
-    let a = tb.new_pod().unwrap();
-    let a = tb.add_attachment(a).unwrap();
     let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
-    let node = Node { tb, a, node_ip: NODE1_UPLINK_IP.parse().unwrap() };
+    let node = Node::new(&c.nodes[0], pods.pop().unwrap());
     let datagram = [&40000u16.to_be_bytes()[..], &53u16.to_be_bytes(), &[0, 72, 0, 0], &[7; 64]].concat();
     let out = |frame: Vec<u8>| [ethernet([2; 6], [4; 6], ETH_IPV4), frame].concat();
     let a_to_ext = |l4: &[u8]| out(ipv4(node.a.ip, ext, UDP, l4));
