@@ -18,6 +18,10 @@ const LOCK_WAIT: Duration = Duration::from_secs(10);
 /// Host-side veth names start with this, so an operator can tell ours apart (`ip link`).
 const HOST_PREFIX: &str = "ecni";
 
+/// The IFB device of a pod with an egress limit (`net/ifb.rs`): `ecnb` (bandwidth) and the
+/// same digits as its host veth.
+const IFB_PREFIX: &str = "ecnb";
+
 /// Host-side veths carry the alias `ebpf-cni/<network>/<containerID>/<ifname>`: GC finds a
 /// network's veths by it, and `ip link` tells an operator whose veth it is.
 pub const ALIAS_PREFIX: &str = "ebpf-cni/";
@@ -25,9 +29,9 @@ pub const ALIAS_PREFIX: &str = "ebpf-cni/";
 /// The kernel keeps at most this many bytes of an alias.
 const ALIAS_MAX: usize = 255;
 
-/// The host veth's alias; `ebpf-cni/<network>` alone when the whole would not fit. The pod's
-/// bandwidth limits follow as ` ingress=<bit/s>:<bits>` and ` egress=…`, for `inspect`: the
-/// egress limit's qdisc is inside the pod's namespace, out of the node's sight.
+/// The host veth's alias (and its IFB's, if any); `ebpf-cni/<network>` alone when the whole would
+/// not fit. The pod's bandwidth limits follow as ` ingress=<bit/s>:<bits>` and ` egress=…`, for
+/// `inspect`: what ADD was asked for, beside the qdiscs that hold it.
 pub fn alias(network: &str, container_id: &str, ifname: &str, bandwidth: &Bandwidth) -> String {
     let limits: String = [("ingress", bandwidth.ingress), ("egress", bandwidth.egress)]
         .into_iter()
@@ -63,6 +67,11 @@ pub fn alias_limits(alias: &str) -> Bandwidth {
     bandwidth
 }
 
+/// The IFB name that goes with a host veth's name; none for a name that is not one of ours.
+pub fn ifb_name_of(host_ifname: &str) -> Option<String> {
+    host_ifname.strip_prefix(HOST_PREFIX).map(|digits| format!("{IFB_PREFIX}{digits}"))
+}
+
 pub struct Attachment {
     digest: [u8; 32],
 }
@@ -77,6 +86,11 @@ impl Attachment {
     pub fn host_ifname(&self) -> String {
         let hex: String = self.digest.iter().map(|b| format!("{b:02x}")).collect();
         format!("{HOST_PREFIX}{}", &hex[..15 - HOST_PREFIX.len()])
+    }
+
+    /// `ecnb` + the host veth's 11 hex digits: the IFB holding the pod's egress limit.
+    pub fn ifb_name(&self) -> String {
+        ifb_name_of(&self.host_ifname()).expect("a host veth's name")
     }
 
     /// Waits until no other ADD, DEL or CHECK of this attachment runs, then holds it off until
@@ -128,6 +142,9 @@ mod tests {
         assert_eq!(a.host_ifname(), Attachment::new("abc", "eth0").host_ifname());
         assert_ne!(a.host_ifname(), Attachment::new("abc", "eth1").host_ifname());
         assert_ne!(a.cookie(), Attachment::new("abd", "eth0").cookie());
+        assert_eq!(a.ifb_name().len(), 15);
+        assert_eq!(a.ifb_name()[4..], a.host_ifname()[4..]);
+        assert_ne!(a.ifb_name(), a.host_ifname());
     }
 
     #[test]

@@ -39,6 +39,14 @@ pub const ENDPOINT_LINK_LOCAL: u32 = 1;
 /// rather than straight into the pod with `bpf_redirect_peer`, which would skip it.
 pub const ENDPOINT_SHAPED: u32 = 2;
 
+/// `Endpoint::flags`: the pod has an egress bandwidth limit, a TBF qdisc on an IFB device of
+/// the node that a classic tc filter after `from_pod`, on the host veth's ingress, feeds
+/// (mirred). `from_pod` hands such a pod's packets on ("next") instead of redirecting them, so
+/// that the filter sees every one, and the node's stack forwards them once shaped. Packets
+/// *for* the pod take the stack too (`deliver.rs`), so that conntrack sees both directions of
+/// its flows.
+pub const ENDPOINT_EGRESS_SHAPED: u32 = 4;
+
 /// An IPv4 address in a 16-byte address field: the four octets first, the rest zero.
 pub const fn ipv4_in_16(a: [u8; 4]) -> [u8; 16] {
     [a[0], a[1], a[2], a[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
@@ -50,7 +58,7 @@ pub const fn ipv4_in_16(a: [u8; 4]) -> [u8; 16] {
 pub struct Endpoint {
     /// Index of the host-side veth in the node namespace (the target of `bpf_redirect_peer`).
     pub host_ifindex: u32,
-    /// [`ENDPOINT_LINK_LOCAL`], [`ENDPOINT_SHAPED`], or 0.
+    /// [`ENDPOINT_LINK_LOCAL`], [`ENDPOINT_SHAPED`], [`ENDPOINT_EGRESS_SHAPED`], or 0.
     pub flags: u32,
     /// Which attachment (container ID + ifname) owns the entry, so that DEL and GC find it
     /// whatever the IPAM plugin and even when the veth is already gone.

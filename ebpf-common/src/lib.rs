@@ -16,7 +16,8 @@ mod shares;
 pub use config::DatapathConfig;
 pub use drop_reason::DropReason;
 pub use endpoint::{
-    Counter, ENDPOINT_LINK_LOCAL, ENDPOINT_SHAPED, Endpoint, FAMILY_IPV4, FAMILY_IPV6, IpKey, ipv4_in_16,
+    Counter, ENDPOINT_EGRESS_SHAPED, ENDPOINT_LINK_LOCAL, ENDPOINT_SHAPED, Endpoint, FAMILY_IPV4, FAMILY_IPV6, IpKey,
+    ipv4_in_16,
 };
 pub use flows::*;
 pub use forward_path::ForwardPath;

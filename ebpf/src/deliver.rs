@@ -2,13 +2,14 @@
 //! veth's as source (what the pod expects from its gateway), then `bpf_redirect_peer` puts it
 //! straight into the pod's namespace, without a second pass through the node's stack. A pod
 //! with an ingress bandwidth limit gets it through its host veth's egress instead, where the
-//! limit's TBF qdisc sits (the peer redirect would skip every qdisc).
+//! limit's TBF qdisc sits (the peer redirect would skip every qdisc). A pod with an egress limit
+//! gets nothing delivered here: the stack delivers it all.
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
     helpers::{bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
 };
-use ebpf_common::{DropReason, ENDPOINT_SHAPED, Endpoint, FAST_PATH_MARK, ForwardPath};
+use ebpf_common::{DropReason, ENDPOINT_EGRESS_SHAPED, ENDPOINT_SHAPED, Endpoint, FAST_PATH_MARK, ForwardPath};
 use network_types::eth::EthHdr;
 
 use crate::{maps, packet};
@@ -16,6 +17,14 @@ use crate::{maps, packet};
 /// Only valid from a TC ingress hook (the helper's requirement). Counted on `path`.
 #[inline(always)]
 pub fn into_pod(ctx: &TcContext, pod: &Endpoint, path: ForwardPath) -> i32 {
+    // A pod with an egress limit sends everything through the node's stack (`from_pod.rs`): what
+    // it receives goes that way too, unchanged, or conntrack would see only the replies of the
+    // flows others open to it (a SYN-ACK first: INVALID, which kube-proxy drops).
+    if pod.flags & ENDPOINT_EGRESS_SHAPED != 0 {
+        let via_stack =
+            if path == ForwardPath::FromOtherNode { ForwardPath::UplinkToStack } else { ForwardPath::StackFlow };
+        return maps::forwarded(ctx, via_stack, packet::PASS);
+    }
     // Written in place (direct packet access), not copied to the stack and stored with
     // `bpf_skb_store_bytes`: two fewer copies and a helper call per packet.
     let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {

@@ -11,12 +11,14 @@
 //!    `bpf_redirect_peer` (no second pass through the host stack),
 //! 4. and IPv4 to a pod on another node goes straight out of the uplink (`fib.rs`),
 //!    both unless the node's stack handled the flow's other direction (`steer.rs`): then the
-//!    packet goes through the stack, whose conntrack undoes what it translated.
+//!    packet goes through the stack, whose conntrack undoes what it translated; and unless the
+//!    pod has an egress limit: its packets go on to the next filter (the limit's IFB), then to
+//!    the stack.
 //! 5. Anything else IPv4 goes to the node's stack (`packet::PASS`): the node's own addresses,
 //!    service addresses that kube-proxy translates, and the outside, which is masqueraded on
 //!    the way out of the uplink (`snat.rs`), after the node's own NAT rules had their say.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, ForwardPath, IpKey};
+use ebpf_common::{DropReason, ENDPOINT_EGRESS_SHAPED, ForwardPath, IpKey};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -81,6 +83,11 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| unsafe { (*p).stack_replies }) != 0;
     if steer::via_stack(ctx, flagged, own.owner, true) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
+    }
+    // An egress limit: the next filter on this hook feeds the limit's IFB, which a redirect would
+    // skip; once shaped, the node's stack forwards the packet (`ENDPOINT_EGRESS_SHAPED`).
+    if own.flags & ENDPOINT_EGRESS_SHAPED != 0 {
+        return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
     match peer {
         Some(peer) => deliver::into_pod(ctx, unsafe { &*peer }, ForwardPath::PodToPod),

@@ -9,10 +9,10 @@
 //! 3. Link-local and multicast destinations stay on the link: the host veth's stack gets them.
 //! 4. To another pod of this node: `bpf_redirect_peer`; to a pod of another node: the FIB, out
 //!    of the uplink (`fib.rs`); both unless the stack handled the flow's other direction
-//!    (`steer.rs`, as for IPv4).
+//!    (`steer.rs`, as for IPv4), and unless the pod has an egress limit (as for IPv4).
 //! 5. Anything else (the node, Services, the outside) goes to the node's stack.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, ENDPOINT_LINK_LOCAL, ForwardPath, IpKey};
+use ebpf_common::{DropReason, ENDPOINT_EGRESS_SHAPED, ENDPOINT_LINK_LOCAL, ForwardPath, IpKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{config, deliver, fib, maps, ndp, packet, steer};
@@ -68,6 +68,10 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| p.stack_replies) != 0;
     if steer::via_stack6(ctx, flagged, own.owner, true) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
+    }
+    // As for IPv4: a pod with an egress limit sends through the limit's IFB, then the stack.
+    if own.flags & ENDPOINT_EGRESS_SHAPED != 0 {
+        return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
     match peer {
         Some(peer) => deliver::into_pod(ctx, &peer, ForwardPath::PodToPod),

@@ -3,6 +3,7 @@
 //! removed on drop (pass or fail). The plugin is executed exactly as a runtime does: CNI_*
 //! environment, configuration on stdin, in the node's namespace.
 pub mod agent;
+pub mod bypass;
 mod cluster;
 pub mod crash;
 mod fake_api;

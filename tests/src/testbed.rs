@@ -311,6 +311,17 @@ impl Testbed {
             .collect())
     }
 
+    /// The IFB devices of pods' egress limits in the node (`ecnb…`).
+    pub fn ifbs(&self) -> Result<Vec<String>> {
+        let out = run_in(&self.node.name, "ip", &["-o", "link", "show", "type", "ifb"])?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .filter(|n| n.starts_with("ecnb"))
+            .map(str::to_string)
+            .collect())
+    }
+
     /// Reserved addresses in the IPAM dir (files named like an IPv4 or IPv6 address).
     pub fn ip_files(&self) -> Vec<String> {
         std::fs::read_dir(self.data_dir().join(&self.network))
@@ -322,10 +333,11 @@ impl Testbed {
             .unwrap_or_default()
     }
 
-    /// What the plugin left in this node: host veths, IP reservations, the network's pins.
+    /// What the plugin left in this node: host veths, IFBs, IP reservations, the network's pins.
     /// Empty once every attachment is deleted.
     pub fn leftovers(&self) -> Result<Vec<String>> {
         let mut left: Vec<String> = self.host_veths()?.into_iter().map(|v| format!("veth {v}")).collect();
+        left.extend(self.ifbs()?.into_iter().map(|i| format!("IFB {i}")));
         left.extend(self.ip_files().into_iter().map(|ip| format!("IP file {ip}")));
         // Anything else in the IPAM dir but its lock and round-robin records (a temporary
         // reservation a crashed writer left, say).

@@ -189,17 +189,23 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     assert!(settings.status.success(), "inspect reads the previous layout's pins: {settings:?}");
     let upgrade_took = window.elapsed();
 
-    // An ingress limit needs this build's datapath (delivery through the host veth, flagged in
-    // `ENDPOINTS`): refused with code 102 while the previous one runs, and nothing is left of it.
-    let mut limited_sandbox = tb.sandbox(limited);
-    let limit = json!({ "ingressRate": 40_000_000u64, "ingressBurst": 400_000u64 });
-    limited_sandbox.capability_args.insert("bandwidth".into(), limit);
+    // A limit needs this build's datapath (delivery through the host veth for ingress, the way
+    // through an IFB for egress, flagged in `ENDPOINTS`): refused with code 102 while the
+    // previous one runs, and nothing is left of it.
     let mut shaped = tb.conflist("1.1.0", vec![]);
     shaped["plugins"][0]["capabilities"] = json!({ "bandwidth": true });
     let shaped = rt.load(&shaped).unwrap();
-    let refused = format!("{:#}", rt.add(&shaped, &limited_sandbox).unwrap_err());
-    assert!(refused.contains("\"code\":102") && refused.contains("previous release's datapath"), "{refused}");
-    assert_eq!(tb.host_veths().unwrap().len(), 3, "the refused pod left its veth");
+    for limit in [
+        json!({ "ingressRate": 40_000_000u64, "ingressBurst": 400_000u64 }),
+        json!({ "egressRate": 20_000_000u64, "egressBurst": 400_000u64 }),
+    ] {
+        let mut limited_sandbox = tb.sandbox(limited);
+        limited_sandbox.capability_args.insert("bandwidth".into(), limit.clone());
+        let refused = format!("{:#}", rt.add(&shaped, &limited_sandbox).unwrap_err());
+        assert!(refused.contains("\"code\":102") && refused.contains("previous release's datapath"), "{refused}");
+        assert_eq!(tb.host_veths().unwrap().len(), 3, "the pod refused {limit} left its veth");
+        assert_eq!(tb.ifbs().unwrap(), Vec::<String>::new(), "the pod refused {limit} left an IFB");
+    }
 
     let (sent, answered) = finish_pings(pings).unwrap();
     stop.store(true, Ordering::Relaxed);

@@ -21,6 +21,8 @@ pub struct Expected<'a> {
     pub ingress_programs: &'a [u32],
     /// Whether the pod has an ingress limit (`ENDPOINT_SHAPED` on its entries).
     pub shaped: bool,
+    /// Whether the pod has an egress limit (`ENDPOINT_EGRESS_SHAPED` on its entries).
+    pub egress_shaped: bool,
 }
 
 /// What GC removed from the kernel.
@@ -62,6 +64,12 @@ impl Datapath {
                 let (is, asked) = if want.shaped { ("is not", "has") } else { ("is", "has no") };
                 return Err(wrong(format!(
                     "endpoint {ip} {is} marked for shaped delivery; the pod {asked} an ingress limit"
+                )));
+            }
+            if (entry.flags & ebpf_common::ENDPOINT_EGRESS_SHAPED != 0) != want.egress_shaped {
+                let (is, asked) = if want.egress_shaped { ("is not", "has") } else { ("is", "has no") };
+                return Err(wrong(format!(
+                    "endpoint {ip} {is} marked to send through an IFB; the pod {asked} an egress limit"
                 )));
             }
         }

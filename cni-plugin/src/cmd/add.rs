@@ -4,7 +4,7 @@
 //! same teardown as DEL, which is scoped to this attachment and so cannot hurt anyone else's.
 use std::{cell::Cell, net::IpAddr};
 
-use ebpf_common::{ENDPOINT_SHAPED, Endpoint};
+use ebpf_common::{ENDPOINT_EGRESS_SHAPED, ENDPOINT_SHAPED, Endpoint};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 
 use super::del::teardown;
@@ -13,6 +13,7 @@ use crate::{
     bpf::{Datapath, Settings},
     cni::{
         CniError, CniResult, Context, ErrorCode,
+        bandwidth::Limit,
         config::NetConf,
         env::CniEnv,
         request::Request,
@@ -163,7 +164,7 @@ impl Setup<'_> {
             self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
         }
         fault::point("add:after-routes");
-        self.limit_bandwidth(host.index, pod.index).await?;
+        self.limit_bandwidth(host.index).await?;
         // The node's primary network: its node-level settings come from the node file alone
         // (as the agent's preload has them), never from what this configuration's IPAM says.
         let (v4, v6) = match &self.conf.node_subnets {
@@ -176,8 +177,10 @@ impl Setup<'_> {
         self.datapath_reached.set(true);
         let datapath = Datapath::lock(&root, &self.conf.name)?;
         datapath.ensure_loaded(&settings, self.node).await?;
-        let shaped = self.request.bandwidth.ingress.is_some();
-        if shaped && datapath.runs_previous_layout() {
+        let bandwidth = &self.request.bandwidth;
+        // Both limits need this build's programs: delivery through the host veth for ingress,
+        // the way through the IFB for egress (see `ENDPOINT_EGRESS_SHAPED`).
+        if (bandwidth.ingress.is_some() || bandwidth.egress.is_some()) && datapath.runs_previous_layout() {
             return Err(CniError::new(
                 ErrorCode::DATAPATH,
                 format!(
@@ -189,7 +192,8 @@ impl Setup<'_> {
         }
         let endpoint = Endpoint {
             host_ifindex: host.index,
-            flags: if shaped { ENDPOINT_SHAPED } else { 0 },
+            flags: if bandwidth.ingress.is_some() { ENDPOINT_SHAPED } else { 0 }
+                | if bandwidth.egress.is_some() { ENDPOINT_EGRESS_SHAPED } else { 0 },
             owner: self.attachment.cookie(),
             pod_mac: pod.mac,
             host_mac: host.mac,
@@ -203,6 +207,9 @@ impl Setup<'_> {
         fault::point("add:after-endpoints");
         datapath.attach(&host_ifname)?;
         fault::point("add:after-attach");
+        if let Some(egress) = bandwidth.egress {
+            self.limit_egress(host.index, egress, &alias).await?;
+        }
         Ok(AddResult {
             interfaces: vec![
                 Interface { name: host_ifname, mac: format_mac(host.mac), sandbox: None },
@@ -248,18 +255,13 @@ impl Setup<'_> {
         Ok(())
     }
 
-    /// The `bandwidth` capability's limits as TBF qdiscs on the sending end of each direction:
-    /// what the pod sends on its own interface (its stack feels the queue, so TCP settles at the
-    /// rate instead of losing packets), what it receives on the host veth (the datapath delivers
-    /// into a limited pod through it, see `ENDPOINT_SHAPED`). Both go with the veth pair.
-    /// Without an ingress limit the host veth's root slot is held by a `noqueue`, so that a
-    /// chained `bandwidth` plugin fails ADD instead of shaping only what crosses the stack.
-    async fn limit_bandwidth(&self, host_index: u32, pod_index: u32) -> CniResult<()> {
-        let bandwidth = &self.request.bandwidth;
-        if let Some(egress) = bandwidth.egress {
-            self.pod.add_tbf(pod_index, egress).await.cni(ErrorCode::IO, "cannot limit what the pod sends")?;
-        }
-        match bandwidth.ingress {
+    /// The `bandwidth` capability's ingress limit as a TBF qdisc on the host veth, the end of the
+    /// pair that sends into the pod (the datapath delivers into a limited pod through it, see
+    /// `ENDPOINT_SHAPED`); it goes with the veth pair. Without one the host veth's root slot is
+    /// held by a `noqueue`, so that a chained `bandwidth` plugin fails ADD instead of shaping
+    /// only what crosses the stack. The egress limit is `limit_egress`.
+    async fn limit_bandwidth(&self, host_index: u32) -> CniResult<()> {
+        match self.request.bandwidth.ingress {
             Some(ingress) => {
                 self.node.add_tbf(host_index, ingress).await.cni(ErrorCode::IO, "cannot limit what the pod receives")?
             }
@@ -268,6 +270,24 @@ impl Setup<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The egress limit as a TBF qdisc on an IFB device of the node, fed by a filter on the host
+    /// veth's ingress after `from_pod` (`net/ifb.rs`): not on the pod's own interface, where a
+    /// packet socket with `PACKET_QDISC_BYPASS` would skip it. The IFB carries the host veth's
+    /// alias (GC finds it by that) and goes in DEL (`teardown`), or in this ADD's rollback.
+    async fn limit_egress(&self, host_index: u32, egress: Limit, alias: &str) -> CniResult<()> {
+        let name = self.attachment.ifb_name();
+        let ifb =
+            self.node.add_ifb(&name, self.conf.mtu).await.cni(ErrorCode::IO, "cannot create the egress limit's IFB")?;
+        fault::point("add:after-ifb");
+        self.node.set_alias(ifb, alias).await.cni(ErrorCode::IO, "cannot label the IFB")?;
+        self.node.add_tbf(ifb, egress).await.cni(ErrorCode::IO, "cannot limit what the pod sends")?;
+        self.node.set_up(ifb).await.cni(ErrorCode::IO, "cannot set the IFB up")?;
+        self.node
+            .redirect_ingress(host_index, ifb)
+            .await
+            .cni(ErrorCode::IO, "cannot send what the pod sends through its IFB")
     }
 
     /// Both ends' IPv6 settings (`sysctl.rs`), before either comes up.

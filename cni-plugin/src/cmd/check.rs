@@ -18,7 +18,7 @@ use crate::{
     },
     ipam::Ipam,
     net::{
-        netlink::{Link, Netlink, RouteEntry, format_mac},
+        netlink::{BpfFilter, Link, Netlink, RouteEntry, format_mac},
         netns::Netns,
         qdisc::same_limit,
     },
@@ -75,10 +75,13 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
         }
     }
     let bandwidth = Request::gather(&env.args, conf)?.bandwidth;
-    expect_limit(&pod, pod_link.index, bandwidth.egress, &format!("{} in the pod (egress)", env.ifname)).await?;
     expect_limit(&node, host_link.index, bandwidth.ingress, &format!("{host_ifname} (ingress)")).await?;
-    let ingress_programs =
-        node.ingress_bpf_programs(host_link.index).await.cni(ErrorCode::IO, "cannot list the host veth's filters")?;
+    let ingress_filters =
+        node.bpf_filters(host_link.index, true).await.cni(ErrorCode::IO, "cannot list the host veth's filters")?;
+    if let Some(egress) = bandwidth.egress {
+        expect_egress_limit(&node, &host_link, &host_ifname, &attachment.ifb_name(), egress, &ingress_filters).await?;
+    }
+    let ingress_programs: Vec<u32> = ingress_filters.iter().map(|f| f.program_id).collect();
     let datapath = Datapath::lock(&conf.bpffs_root(), &conf.name)?;
     datapath.check(&Expected {
         host_ifname: &host_ifname,
@@ -87,6 +90,7 @@ pub async fn check(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<(
         ips: &addresses,
         ingress_programs: &ingress_programs,
         shaped: bandwidth.ingress.is_some(),
+        egress_shaped: bandwidth.egress.is_some(),
     })?;
     drop(datapath);
     // IPAM holds every address of the result, of either family.
@@ -118,6 +122,40 @@ async fn expect_limit(nl: &Netlink, index: u32, asked: Option<Limit>, place: &st
             found.rate, found.burst, asked.rate, asked.burst
         ))),
         None => Err(differs(format!("{place} has no bandwidth limit ({} bit/s asked)", asked.rate))),
+    }
+}
+
+/// An egress limit asked for is the TBF root qdisc of the pod's IFB, that IFB up, and a filter
+/// on the host veth's ingress redirecting to it that runs after the BPF filters (`from_pod`
+/// hands the pod's packets on to it).
+async fn expect_egress_limit(
+    node: &Netlink,
+    host: &Link,
+    host_ifname: &str,
+    ifb_name: &str,
+    asked: Limit,
+    bpf_filters: &[BpfFilter],
+) -> CniResult<()> {
+    let Some(ifb) = node.link(ifb_name).await.cni(ErrorCode::IO, "cannot list links")? else {
+        return Err(differs(format!(
+            "the pod's egress has no bandwidth limit ({} bit/s asked): its IFB {ifb_name} is missing",
+            asked.rate
+        )));
+    };
+    expect_limit(node, ifb.index, Some(asked), &format!("{ifb_name} (the pod's egress)")).await?;
+    if !node.is_up(ifb.index).await.cni(ErrorCode::IO, "cannot look up the IFB")? {
+        return Err(differs(format!("{ifb_name} (the pod's egress) is down: it drops what the pod sends")));
+    }
+    let redirects =
+        node.ingress_redirects(host.index).await.cni(ErrorCode::IO, "cannot list the host veth's filters")?;
+    let last_bpf = bpf_filters.iter().map(|f| f.priority).max().unwrap_or(0);
+    match redirects.iter().find(|r| r.target == ifb.index) {
+        Some(r) if r.priority > last_bpf => Ok(()),
+        Some(r) => Err(differs(format!(
+            "the filter sending {host_ifname}'s packets to {ifb_name} runs before from_pod (priority {} ≤ {last_bpf})",
+            r.priority
+        ))),
+        None => Err(differs(format!("no filter on {host_ifname}'s ingress sends the pod's packets to {ifb_name}"))),
     }
 }
 

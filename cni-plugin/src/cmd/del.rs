@@ -3,7 +3,7 @@
 use crate::{
     attachment::Attachment,
     bpf::Datapath,
-    cni::{CniResult, Context, ErrorCode, config::NetConf, env::CniEnv},
+    cni::{CniError, CniResult, Context, ErrorCode, config::NetConf, env::CniEnv},
     fault,
     ipam::Ipam,
     net::netlink::Netlink,
@@ -15,10 +15,11 @@ pub async fn del(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()>
     teardown(env, conf, &ipam, &node, true).await
 }
 
-/// The veth first: deleting it removes its tc filter and the host route with it. A packet
+/// The veth first: deleting it removes its tc filters and the host route with it. A packet
 /// steered to the vanished veth in between is dropped and counted (redirect-failed). Then the
-/// endpoint and its flow count (its NAT and FLOWS entries age, ignored by the programs), the
-/// network's pins after its last pod, then the addresses.
+/// egress limit's IFB (nothing feeds it once the veth is gone), the endpoint and its flow count
+/// (its NAT and FLOWS entries age, ignored by the programs), the network's pins after its last
+/// pod, then the addresses.
 /// Keeps going past a failed step; reports the first. `datapath` false (an ADD's rollback
 /// before it reached the datapath) leaves the network's datapath as it is.
 pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink, datapath: bool) -> CniResult<()> {
@@ -26,6 +27,9 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
     let mut first_err =
         node.delete_link(&attachment.host_ifname()).await.cni(ErrorCode::IO, "cannot delete host veth").err();
     fault::point("del:after-veth");
+    if let Err(e) = node.delete_link(&attachment.ifb_name()).await {
+        first_err.get_or_insert(CniError::new(ErrorCode::IO, "cannot delete the egress limit's IFB").with_details(e));
+    }
     let root = conf.bpffs_root();
     if datapath && root.exists() {
         let owner = attachment.cookie();

@@ -1,7 +1,7 @@
 //! GC (spec 1.1): everything of this network that belongs to no attachment in
-//! `cni.dev/valid-attachments` goes: host veths (and with them the pod ends and /32 routes),
-//! endpoint and NAT entries, IP reservations, and the network's programs and maps
-//! once no endpoint is left. Keeps going past a failed step; reports the first failure.
+//! `cni.dev/valid-attachments` goes: host veths (and with them the pod ends and /32 routes) and
+//! the IFBs of egress limits, endpoint and NAT entries, IP reservations, and the network's
+//! programs and maps once no endpoint is left. Keeps going past a failed step; reports the first failure.
 use std::collections::BTreeSet;
 
 use crate::{
@@ -22,8 +22,12 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
 
     // Veths first, as in DEL: an address is released only once nothing routes to it.
     let mut doomed: BTreeSet<String> = BTreeSet::new();
-    let valid_host_ifnames: BTreeSet<String> =
-        valid.iter().map(|a| Attachment::new(&a.container_id, &a.ifname).host_ifname()).collect();
+    // Host veths and the IFBs of egress limits, which carry their veth's alias.
+    let valid_host_ifnames: BTreeSet<String> = valid
+        .iter()
+        .map(|a| Attachment::new(&a.container_id, &a.ifname))
+        .flat_map(|a| [a.host_ifname(), a.ifb_name()])
+        .collect();
     match node.links_by_alias(ALIAS_PREFIX).await {
         Ok(links) => {
             for (name, alias) in links {
@@ -39,17 +43,19 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
         }
         Err(e) => drop(first_err.get_or_insert(CniError::new(ErrorCode::IO, "cannot list links").with_details(e))),
     }
-    // An ADD killed between creating the veth and labelling it left an unlabelled veth; its
-    // address reservation still names it.
+    // An ADD killed between creating the veth (or IFB) and labelling it left an unlabelled one;
+    // its address reservation still names it.
     let holders = ipam.holders().unwrap_or_else(|e| {
         first_err.get_or_insert(e);
         Vec::new()
     });
     for holder in holders.iter().filter(|h| !keep(h)) {
         let Some(ifname) = &holder.ifname else { continue };
-        let name = Attachment::new(&holder.container_id, ifname).host_ifname();
-        if node.link(&name).await.is_ok_and(|l| l.is_some()) {
-            doomed.insert(name);
+        let attachment = Attachment::new(&holder.container_id, ifname);
+        for name in [attachment.host_ifname(), attachment.ifb_name()] {
+            if node.link(&name).await.is_ok_and(|l| l.is_some()) {
+                doomed.insert(name);
+            }
         }
     }
     for name in &doomed {
@@ -92,7 +98,7 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
     };
     let kernel = collected.unwrap_or_default();
     log::info!(
-        "GC of {} kept {} attachments; removed {} veths, {} endpoints, {} NAT entries, {} FLOWS \
+        "GC of {} kept {} attachments; removed {} veths and IFBs, {} endpoints, {} NAT entries, {} FLOWS \
          entries, {released} IP reservations{}",
         conf.name,
         valid.len(),

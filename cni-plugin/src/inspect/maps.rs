@@ -2,13 +2,14 @@
 //! `bpf::read` (NAT, which names its pods from ENDPOINTS, is in `nat.rs`).
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ebpf_common::{DatapathConfig, ENDPOINT_LINK_LOCAL, FAMILY_IPV6, IpKey};
+use ebpf_common::{DatapathConfig, ENDPOINT_EGRESS_SHAPED, ENDPOINT_LINK_LOCAL, FAMILY_IPV6, IpKey};
 
 use anyhow::Result;
 use serde::Serialize;
 
 use super::{programs::Interfaces, table::Row};
 use crate::{
+    attachment::ifb_name_of,
     bpf::{Pins, read},
     cni::bandwidth::Limit,
     net::netlink::format_mac,
@@ -43,6 +44,11 @@ pub struct EndpointRow {
     ingress_limit: Option<LimitRow>,
     #[serde(skip_serializing_if = "Option::is_none")]
     egress_limit: Option<LimitRow>,
+    /// The IFB whose TBF holds the egress limit, when the entry sends the pod's packets through
+    /// it (`ENDPOINT_EGRESS_SHAPED`). An egress limit without one is a pod's from before this
+    /// flag, limited on its own interface only, where a packet socket can get past it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    egress_ifb: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -82,7 +88,10 @@ impl Row for EndpointRow {
             container.to_string(),
             self.ifname.clone().unwrap_or_else(|| "?".into()),
             limit_cell(&self.ingress_limit),
-            limit_cell(&self.egress_limit),
+            match (&self.egress_limit, &self.egress_ifb) {
+                (Some(_), None) => format!("{} (pod side only)", limit_cell(&self.egress_limit)),
+                _ => limit_cell(&self.egress_limit),
+            },
         ]
     }
 }
@@ -109,6 +118,9 @@ pub fn endpoints(pins: &Pins, names: &Interfaces) -> Result<Vec<EndpointRow>> {
             ifname,
             ingress_limit: limits.ingress.map(LimitRow::from),
             egress_limit: limits.egress.map(LimitRow::from),
+            egress_ifb: (ep.flags & ENDPOINT_EGRESS_SHAPED != 0)
+                .then(|| names.name(ep.host_ifindex))
+                .map(|host| ifb_name_of(&host).unwrap_or_else(|| "?".into())),
         })
         .collect();
     rows.sort_by_key(|r| r.ip);

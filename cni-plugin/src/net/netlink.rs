@@ -326,11 +326,6 @@ impl Netlink {
         Ok(found)
     }
 
-    /// Ids of the BPF programs that the tc filters on the link's clsact ingress run.
-    pub async fn ingress_bpf_programs(&self, index: u32) -> Result<Vec<u32>> {
-        self.bpf_filter_programs(index, true).await
-    }
-
     /// Ids of the BPF programs that the tc (cls_bpf) filters on one side of the link's clsact run.
     pub async fn bpf_filter_programs(&self, index: u32, ingress: bool) -> Result<Vec<u32>> {
         Ok(self.bpf_filters(index, ingress).await?.into_iter().map(|f| f.program_id).collect())
