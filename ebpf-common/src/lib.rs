@@ -33,6 +33,11 @@ pub const PIN_LAYOUT_VERSION: u32 = 3;
 /// Programs of the same layout loaded by a build before it lack the bit (and the map): for
 /// them DEL still purges.
 pub const FEATURE_OWNER_CHECKS: u64 = 1;
+/// `FEATURES[0]` bit: `from_pod` hands a pod flagged `ENDPOINT_EGRESS_SHAPED` to the node's
+/// egress shaping (the IFB) instead of a fast path. An egress limit is refused (code 102) on a
+/// datapath loaded without it: the programs of an earlier build of this layout would skip the
+/// limit for pod → pod and cross-node traffic, silently.
+pub const FEATURE_EGRESS_SHAPING: u64 = 2;
 
 /// Capacity of `ENDPOINTS`: one entry per pod address on the node. 64 Ki entries of
 /// 20 + 32 bytes cost about 5 MiB of kernel memory, far above kubelet's default of 110 pods.

@@ -336,3 +336,37 @@ fn bad_limits_are_refused_and_leave_nothing() {
         assert!(tb.host_veths().unwrap().is_empty());
     }
 }
+
+/// A network whose datapath an earlier build of this layout loaded (before a node upgrade; its
+/// programs serve their pods until the last is gone) has no egress shaping in `from_pod`: an
+/// egress limit there would hold only for traffic through the stack. Refused, nothing left.
+#[test]
+fn an_egress_limit_is_refused_on_a_datapath_loaded_without_egress_shaping() {
+    let Some(mut tb) = Testbed::for_test(
+        "an_egress_limit_is_refused_on_a_datapath_loaded_without_egress_shaping",
+        "bwold",
+        "10.229.5.0/24",
+    ) else {
+        return;
+    };
+    let first = tb.new_pod().unwrap();
+    tb.add(first).unwrap();
+    // What 5b4a135 leaves: no FEATURES bits (it has no such map; a zero reads the same).
+    let data = aya::maps::MapData::from_pin(tb.map_pin("FEATURES")).unwrap();
+    let mut features: aya::maps::Array<_, u64> = aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+    features.set(0, 0, 0).unwrap();
+
+    let pod = tb.new_pod().unwrap();
+    let out = tb.cni("ADD", pod, &conf_with(&tb, json!({ "egressRate": EGRESS_RATE, "egressBurst": BURST }))).unwrap();
+    assert_eq!(out.code(), Some(102), "{}", out.stdout);
+    assert!(out.stdout.contains("earlier build"), "{}", out.stdout);
+    tb.del(pod).unwrap();
+    assert!(tb.ifbs().unwrap().is_empty(), "the refused ADD left its IFB");
+    assert_eq!(tb.host_veths().unwrap().len(), 1, "the refused ADD left its veth");
+    // An ingress limit needs nothing new of the programs.
+    let (_, _) = add_with(&tb, pod, &conf_with(&tb, json!({ "ingressRate": INGRESS_RATE, "ingressBurst": BURST })));
+    for p in [first, pod] {
+        tb.del(p).unwrap();
+    }
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
+}

@@ -14,7 +14,7 @@ use aya::{
     maps::{Array, HashMap, Map, MapData},
 };
 use ebpf_common::{
-    FEATURE_OWNER_CHECKS, FlowEntry, FlowKey, NAT_REPLY, NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_CLOSING_NS,
+    FEATURE_EGRESS_SHAPING, FEATURE_OWNER_CHECKS, FlowEntry, FlowKey, NAT_REPLY, NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_CLOSING_NS,
     NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, PodFlows, Share, ShareKey, names,
 };
 use nix::time::{ClockId, clock_gettime};
@@ -25,7 +25,12 @@ use crate::cni::{CniResult, Context, ErrorCode};
 impl Datapath {
     /// Whether the loaded programs ignore entries whose owner no longer holds their address.
     pub fn checks_owners(&self) -> bool {
-        checks_owners(&self.pins)
+        has_feature(&self.pins, FEATURE_OWNER_CHECKS)
+    }
+
+    /// Whether the loaded programs send an egress-limited pod's packets to the node's shaping.
+    pub fn shapes_egress(&self) -> bool {
+        has_feature(&self.pins, FEATURE_EGRESS_SHAPING)
     }
 
     /// Forgets what DEL must of `owner`'s flows: its `POD_FLOWS` entry when the programs check
@@ -65,12 +70,12 @@ impl Datapath {
     }
 }
 
-/// Whether the programs pinned at `pins` check owners (the `FEATURES` map; builds before it
-/// have none: no).
-fn checks_owners(pins: &Pins) -> bool {
+/// Whether the programs pinned at `pins` were loaded with `feature` (a `FEATURE_*` bit of the
+/// `FEATURES` map; builds before it have none: no).
+fn has_feature(pins: &Pins, feature: u64) -> bool {
     let Ok(data) = MapData::from_pin(pins.map(names::FEATURES)) else { return false };
     let Ok(Ok(array)) = Map::from_map_data(data).map(Array::<_, u64>::try_from) else { return false };
-    array.get(&0, 0).is_ok_and(|bits| bits & FEATURE_OWNER_CHECKS != 0)
+    array.get(&0, 0).is_ok_and(|bits| bits & feature != 0)
 }
 
 /// Removes the `NAT` and `FLOWS` entries of owners that hold no endpoint, without the node's
@@ -80,7 +85,7 @@ fn checks_owners(pins: &Pins) -> bool {
 /// Returns how many `NAT` and `FLOWS` entries went; nothing when the programs do not check
 /// owners (GC purged under the lock) or the network's pins are gone.
 pub fn sweep_flows(pins: &Pins) -> CniResult<(usize, usize)> {
-    if !checks_owners(pins) {
+    if !has_feature(pins, FEATURE_OWNER_CHECKS) {
         return Ok((0, 0));
     }
     let nat = collect_owned::<NatEntry>(pins, names::NAT, |e| e.owner)?;

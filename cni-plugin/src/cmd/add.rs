@@ -190,6 +190,19 @@ impl Setup<'_> {
             )
             .with_details("its programs stay until the last pod they serve is deleted; add limited pods after that"));
         }
+        if bandwidth.egress.is_some() && !datapath.shapes_egress() {
+            return Err(CniError::new(
+                ErrorCode::DATAPATH,
+                format!(
+                    "network {}'s datapath was loaded by an earlier build, whose programs would skip an egress limit",
+                    self.conf.name
+                ),
+            )
+            .with_details(
+                "its programs stay until the last pod they serve is deleted (an upgrade keeps running pods as they \
+                 are); add pods with an egress limit after that",
+            ));
+        }
         let endpoint = Endpoint {
             host_ifindex: host.index,
             flags: if bandwidth.ingress.is_some() { ENDPOINT_SHAPED } else { 0 }
