@@ -99,7 +99,9 @@ impl Datapath {
         recorded.set(0, settings.config, 0).cni(ErrorCode::DATAPATH, "cannot record the settings")?;
         let mut features: Array<_, u64> = Array::try_from(ebpf.map_mut(names::FEATURES).expect("pinned"))
             .cni(ErrorCode::INTERNAL, "FEATURES has another layout")?;
-        features.set(0, ebpf_common::FEATURE_OWNER_CHECKS | ebpf_common::FEATURE_EGRESS_SHAPING, 0).cni(ErrorCode::DATAPATH, "cannot record the features")?;
+        features
+            .set(0, ebpf_common::FEATURE_OWNER_CHECKS | ebpf_common::FEATURE_EGRESS_SHAPING, 0)
+            .cni(ErrorCode::DATAPATH, "cannot record the features")?;
         // Only the programs the network attaches: the verifier's time is most of a first ADD,
         // and a network without masquerade, or without IPv6, never runs the uplink's (IPv6) ones.
         let uplink_programs = if settings.uplink.is_some() { uplink::programs_for(&settings.config) } else { &[] };

@@ -14,8 +14,8 @@ use aya::{
     maps::{Array, HashMap, Map, MapData},
 };
 use ebpf_common::{
-    FEATURE_EGRESS_SHAPING, FEATURE_OWNER_CHECKS, FlowEntry, FlowKey, NAT_REPLY, NAT_TIMEOUT_ICMP_NS, NAT_TIMEOUT_TCP_CLOSING_NS,
-    NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, PodFlows, Share, ShareKey, names,
+    FEATURE_EGRESS_SHAPING, FEATURE_OWNER_CHECKS, FlowEntry, FlowKey, NAT_REPLY, NAT_TIMEOUT_ICMP_NS,
+    NAT_TIMEOUT_TCP_CLOSING_NS, NAT_TIMEOUT_TCP_NS, NAT_TIMEOUT_UDP_NS, NatEntry, PodFlows, Share, ShareKey, names,
 };
 use nix::time::{ClockId, clock_gettime};
 

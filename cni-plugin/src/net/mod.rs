@@ -1,6 +1,6 @@
 //! Interfaces, addresses and routes (rtnetlink), and namespace switching.
-pub mod netlink;
 pub mod ifb;
+pub mod netlink;
 pub mod netns;
 pub mod qdisc;
 pub mod routes;
