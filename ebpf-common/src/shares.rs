@@ -4,11 +4,12 @@
 //! neither take a destination's ports from the others nor fill `NAT`, whose LRU would then
 //! evict the others' idle but live flows.
 //!
-//! Held, not opened per minute: a flow counts from its first packet until it idles out (or its
-//! pod is gone), whether or not it carries traffic. The programs count up when they hand out a
-//! port; the node agent recounts from `NAT`'s live reply entries every interval (and GC does),
-//! which forgets flows that idled out, lost their port to another flow or were dropped by the
-//! LRU. Between recounts a count only errs high: a pod at its bound waits for the next recount.
+//! Held, not opened per minute: a flow counts from its first packet until the pod closes it
+//! (FIN or RST), it idles out, or its pod is gone, whether or not it carries traffic. The
+//! programs count up when they hand out a port and down when the pod closes a flow; the node
+//! agent recounts from `NAT`'s live reply entries every interval (and GC does), which forgets
+//! flows that idled out, lost their port to another flow or were dropped by the LRU. Between
+//! recounts a count only errs high: a pod at its bound waits for the next recount.
 
 /// A pod's count: towards one destination, or (all of `protocol`, `dst_port` and `dst_addr`
 /// zero, `family` 0) in total.
@@ -39,16 +40,17 @@ pub struct Share {
     pub pad: u32,
 }
 
-/// Masqueraded flows one pod may hold at once, all destinations together: an eighth of what
-/// `NAT` holds (two entries a flow), so that it takes at least eight pods at their bound to
-/// fill it. A node whose pods need more raises `NAT_MAX_ENTRIES`.
-pub const NAT_POD_MAX_FLOWS: u32 = crate::NAT_MAX_ENTRIES / 2 / 8;
+/// Masqueraded flows one pod may hold at once, all destinations together: half of what `NAT`
+/// holds (two entries a flow), so that one pod cannot fill it and have its LRU evict the others'
+/// idle flows. Half, not less: a DNS forwarder (CoreDNS to its upstream) holds a flow per query
+/// for UDP's 60 s, some thousands at a few hundred queries a second.
+pub const NAT_POD_MAX_FLOWS: u32 = crate::NAT_MAX_ENTRIES / 2 / 2;
 
-/// Ports one pod may hold towards one destination: an eighth of the masquerade range (at least
-/// 64), so that seven other pods still find ports there when one has taken all it may.
+/// Ports one pod may hold towards one destination: half of the masquerade range (at least 64),
+/// so that the other pods always find the other half there.
 pub const fn per_destination_bound(port_min: u16, port_max: u16) -> u32 {
     let span = port_max.saturating_sub(port_min) as u32 + 1;
-    let bound = span / 8;
+    let bound = span / 2;
     if bound < 64 { 64 } else { bound }
 }
 

@@ -55,13 +55,18 @@ fn existing_port(flow: &Flow, config: &DatapathConfig, now: u64, owner: u64) -> 
     let egress = maps::NAT.get_ptr_mut(flow.key())?;
     // SAFETY: an LRU value; a concurrent writer can only store another whole, valid entry.
     let port = unsafe { (*egress).port };
-    let reply = maps::NAT.get_ptr_mut(reply_key(flow, config.node_ipv4, port))?;
+    let key = reply_key(flow, config.node_ipv4, port);
+    let reply = maps::NAT.get_ptr_mut(&key)?;
     // SAFETY: as above.
     unsafe {
         // The port was taken over after the flow idled out, or the entries are of a deleted
         // pod that had this address (DEL leaves them to age).
         if (*reply).addr != ipv4_in_16(flow.src) || (*reply).port != flow.src_port || (*reply).owner != owner {
             return None;
+        }
+        // The pod ends the flow: it no longer counts in its share (its port frees 10 s later).
+        if flow.closes() && (*reply).closing != NAT_CLOSING_BY_POD {
+            shares::release(owner, &key);
         }
         touch_from_pod(egress, now, flow.closes());
         touch_from_pod(reply, now, flow.closes());

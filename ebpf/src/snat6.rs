@@ -38,7 +38,7 @@ pub fn peer_reset(flow: &Flow6, config: &DatapathConfig) {
 pub fn masquerade(ctx: &TcContext, config: &DatapathConfig, flow: &Flow6, owner: u64) -> Result<Outcome, DropReason> {
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let port = match existing_port(flow, config, now, owner) {
+    let port = match existing_port(flow, config, now, owner, false) {
         Some(port) => port,
         None if !flow.opens() && steer::answers_outside(&flow.key, owner, flow.tcp_flags) => {
             return Ok(Outcome::OwnAddress);
@@ -76,7 +76,7 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
 }
 
 #[inline(always)]
-fn existing_port(flow: &Flow6, config: &DatapathConfig, now: u64, owner: u64) -> Option<u16> {
+fn existing_port(flow: &Flow6, config: &DatapathConfig, now: u64, owner: u64, in_search: bool) -> Option<u16> {
     let egress = maps::NAT.get_ptr_mut(&flow.key)?;
     // SAFETY: an LRU value; a concurrent writer can only store another whole, valid entry.
     let port = unsafe { (*egress).port };
@@ -85,6 +85,11 @@ fn existing_port(flow: &Flow6, config: &DatapathConfig, now: u64, owner: u64) ->
     unsafe {
         if (*reply).addr != flow.key.src_addr || (*reply).port != flow.key.src_port || (*reply).owner != owner {
             return None;
+        }
+        // As `snat::existing_port`: a flow the pod ends leaves its share. Not from the port
+        // search's frame (`in_search`, a constant there), where one frame more does not fit.
+        if !in_search && flow.closes() && (*reply).closing != ebpf_common::NAT_CLOSING_BY_POD {
+            release_closed(owner, flow, config, port);
         }
         snat::touch_from_pod(egress, now, flow.closes());
         snat::touch_from_pod(reply, now, flow.closes());
@@ -109,6 +114,13 @@ fn allocate_counted(
     snat::unpack(allocate_apart(ctx, flow, config, owner, now)).inspect_err(|_| shares::release(owner, &share))
 }
 
+/// The pod closed `flow`: it leaves its share. A BPF function of its own, so that the key it
+/// builds never sits on the per-packet path's frame.
+#[inline(never)]
+fn release_closed(owner: u64, flow: &Flow6, config: &DatapathConfig, port: u16) {
+    shares::release(owner, &reply_key(flow, config, port));
+}
+
 /// [`allocate`] in a BPF function of its own, as `snat::allocate_apart`.
 #[inline(never)]
 fn allocate_apart(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, now: u64) -> u32 {
@@ -129,12 +141,12 @@ fn allocate(ctx: &TcContext, flow: &Flow6, config: &DatapathConfig, owner: u64, 
     // As `snat::allocate`. The flow is counted twice when another CPU won (it counted it too),
     // until the agent's recount.
     if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_NOEXIST)).is_err() {
-        if existing_port(flow, config, now, owner).is_none() {
+        if existing_port(flow, config, now, owner, true).is_none() {
             let _ = maps::NAT.remove(&flow.key);
         }
         if maps::NAT.insert(&flow.key, &egress, u64::from(BPF_NOEXIST)).is_err() {
             let _ = maps::NAT.remove(&reply_key(flow, config, port));
-            return existing_port(flow, config, now, owner).ok_or(DropReason::NatPortsExhausted);
+            return existing_port(flow, config, now, owner, true).ok_or(DropReason::NatPortsExhausted);
         }
     }
     aya_log_ebpf::info!(

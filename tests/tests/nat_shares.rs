@@ -1,6 +1,6 @@
 //! One pod's share of masquerade is bounded (issue 24, item 4), attacked with crafted frames
 //! through the pinned `to_uplink` of a live node:
-//! - a sweep of one destination from one pod gets at most an eighth of the port range, and its
+//! - a sweep of one destination from one pod gets at most half of the port range, and its
 //!   flows, refreshed, still count: another pod keeps finding ports there;
 //! - a pod opening flows to ever new destinations stops at its total (`NAT_POD_MAX_FLOWS`), so
 //!   it cannot fill `NAT` and have its LRU evict another pod's idle flow;
@@ -87,6 +87,25 @@ fn one_pod_cannot_hold_a_destinations_ports() {
     forget_all_flows(tb);
     tb.gc(&[0, 1]).unwrap();
     assert_eq!(send(tb, &a, 19_998, ext, 53).0, TC_ACT_UNSPEC, "a's new flow once its old ones are gone");
+}
+
+#[test]
+fn connections_a_pod_closes_leave_its_share() {
+    let Some(mut c) = cluster("connections_a_pod_closes_leave_its_share", "sharefin", 230) else { return };
+    let tb = &mut c.nodes[0];
+    let [a]: [Attached; 1] = tb.add_attachments(1).unwrap().try_into().unwrap();
+    let ext: Ipv4Addr = EXT_SERVER.parse().unwrap();
+    let bound = per_destination_bound(20_000, 20_999);
+    let segment = |sport: u16, flags: u8| {
+        frame_out(tb, [ethernet([2; 6], [4; 6], ETH_IPV4), ipv4(a.ip, ext, TCP, &tcp(sport, 443, flags))].concat()).0
+    };
+    // A client that opens and closes connection after connection (no keep-alive) never runs into
+    // its share: only the connections it holds open count (more than the share here, fewer than
+    // the range holds while closed connections keep their ports for 10 s).
+    for i in 0..(bound as u16 + bound as u16 / 4) {
+        assert_eq!(segment(10_000 + i, 0x02), TC_ACT_UNSPEC, "a's SYN {i}");
+        assert_eq!(segment(10_000 + i, 0x11), TC_ACT_UNSPEC, "a's FIN {i}");
+    }
 }
 
 /// Empties `NAT`, as an LRU that needed the room would.
