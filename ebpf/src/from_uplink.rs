@@ -22,7 +22,9 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     }
     let Ok((src, dst)) = flow::addresses(ctx) else { return packet::PASS };
     let config = config::get();
-    if config.in_node_pods(src) || maps::ENDPOINTS.get_ptr(&IpKey::v4(src)).is_some() {
+    // The endpoint lookup only for cluster sources, where pod addresses are: replies from the
+    // outside (masquerade's, the node's own) pay one prefix test, not a hash lookup.
+    if config.in_node_pods(src) || config.in_cluster(src) && maps::ENDPOINTS.get_ptr(&IpKey::v4(src)).is_some() {
         return maps::drop(ctx, DropReason::SpoofedUplinkSource);
     }
     if dst == config.node_ipv4 {

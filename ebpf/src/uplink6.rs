@@ -81,7 +81,10 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     let Some((src, dst)) = addresses(ctx) else { return packet::PASS };
     // Not link-local sources: the pods' link-local entries are theirs on their own links only,
     // and a pod asking for a MAC whose EUI-64 is a LAN router's would cut the node off from it.
-    if !ipv6::is_link_scope(src) && (config.in_node_pods6(src) || maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some()) {
+    // As for IPv4, the endpoint lookup only for cluster sources.
+    let pod_source =
+        config.in_node_pods6(src) || config.in_cluster6(src) && maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some();
+    if !ipv6::is_link_scope(src) && pod_source {
         return maps::drop(ctx, DropReason::SpoofedUplinkSource);
     }
     if config.masquerades6() && *dst == config.node_ipv6 {
