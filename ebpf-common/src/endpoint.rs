@@ -67,14 +67,14 @@ pub struct Endpoint {
     pub pod_mac: [u8; 6],
     /// MAC of the host-side veth: the gateway MAC the pod sees, source of delivered frames.
     pub host_mac: [u8; 6],
-    /// Set to 1 by `to_pod` once the node's stack delivered the pod a packet from a cluster
-    /// address (a Service's client): only then do the pod's packets to other pods need a look
-    /// in `FLOWS` before a fast path. The plugin writes 0.
-    pub stack_replies: u8,
-    /// Set to 1 by `to_uplink` once the pod sent a packet to another node through the stack (a
-    /// Service's remote endpoint): only then do packets from the uplink to it need that look.
-    pub stack_peers: u8,
-    pub pad: [u8; 2],
+    /// The stack epoch (`STACK_EPOCH`, see ebpf-common's `flows.rs`) in which the node's stack
+    /// last handed this pod a flow: a Service's client delivered to it (`to_pod`), or a packet of
+    /// it sent on to another node (`to_uplink`, a Service's remote endpoint). While it is
+    /// current, this pod's packets to other pods and other nodes' packets to it need a look in
+    /// `FLOWS` before a fast path; once its flows are gone it lapses, and the pod is back on the
+    /// fast path at no cost. 0: never. The plugin writes 0; the agent renews it for pods whose
+    /// flows live on.
+    pub stack_epoch: u32,
 }
 
 /// Per-CPU packet and byte counts for one drop reason (value of `METRICS`).

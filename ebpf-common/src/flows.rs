@@ -30,7 +30,8 @@ pub struct FlowEntry {
     pub owner: u64,
     /// `bpf_ktime_get_ns` of the last packet seen either way (written at most once a second).
     pub last_seen_ns: u64,
-    /// [`FLOW_VIA_STACK`] and/or [`FLOW_FROM_OUTSIDE`].
+    /// [`FLOW_VIA_STACK`] and/or [`FLOW_FROM_OUTSIDE`], [`FLOW_CONFIRMED`]; for TCP
+    /// [`FLOW_FIN`], [`FLOW_RST`].
     pub flags: u32,
     pub pad: u32,
 }
@@ -65,6 +66,39 @@ pub const FLOW_CONFIRMED: u32 = 4;
 /// confirmed: a server answers within milliseconds, while a record planted by a forged datagram
 /// would have to be renewed this often, for every port it guesses, to catch the pod's own flow.
 pub const FLOW_CONFIRM_WINDOW_NS: u64 = 2 * 1_000_000_000;
+/// A TCP flow of the stack's saw its pod's own FIN (never the peer's: conntrack lets through a
+/// forged one out of the window as INVALID, and the pod answers a real one with its own): its
+/// entry then holds for [`FLOW_TIMEOUT_TCP_FIN_NS`] without a packet, as long as conntrack's
+/// longest state after a FIN (`FIN_WAIT`, `TIME_WAIT`: 120 s). A half-closed connection idle
+/// longer than that is one conntrack has forgotten too. A new connection's SYN through the
+/// stack clears it.
+pub const FLOW_FIN: u32 = 8;
+/// The same for the pod's own RST: [`FLOW_TIMEOUT_TCP_RST_NS`], conntrack's `CLOSE` (10 s).
+pub const FLOW_RST: u32 = 16;
+pub const FLOW_TIMEOUT_TCP_FIN_NS: u64 = 120 * 1_000_000_000;
+pub const FLOW_TIMEOUT_TCP_RST_NS: u64 = 10 * 1_000_000_000;
+
+/// How long a `FLOWS` entry of `protocol` with `flags` holds without a packet; the programs and
+/// the agent judge liveness alike.
+#[inline(always)]
+pub const fn flow_timeout(protocol: u8, flags: u32) -> u64 {
+    match protocol {
+        6 if flags & FLOW_RST != 0 => FLOW_TIMEOUT_TCP_RST_NS,
+        6 if flags & FLOW_FIN != 0 => FLOW_TIMEOUT_TCP_FIN_NS,
+        6 => FLOW_TIMEOUT_TCP_NS,
+        1 | 58 => FLOW_TIMEOUT_ICMP_NS,
+        _ => FLOW_TIMEOUT_UDP_NS,
+    }
+}
+
+/// The [`FLOW_FIN`] and [`FLOW_RST`] bits a TCP segment with `tcp_flags` sets.
+#[inline(always)]
+pub const fn flow_closing_bits(protocol: u8, tcp_flags: u8) -> u32 {
+    if protocol != 6 {
+        return 0;
+    }
+    (if tcp_flags & 0x01 != 0 { FLOW_FIN } else { 0 }) | (if tcp_flags & 0x04 != 0 { FLOW_RST } else { 0 })
+}
 
 /// Capacity of `FLOWS`: flows a Service (or the outside) opened towards this node's pods, and
 /// flows this node's pods opened through the stack to other nodes. LRU: a full map forgets the
@@ -90,4 +124,21 @@ mod tests {
         assert_eq!(core::mem::offset_of!(FlowKey, src_addr), 8);
         assert_eq!(core::mem::offset_of!(FlowKey, dst_addr), 24);
     }
+}
+
+/// Slot 0 of `STACK_EPOCH`: the stack epoch, advanced by the agent (and GC) each time it has
+/// renewed the `Endpoint::stack_epoch` of every pod that still has a live [`FLOW_VIA_STACK`]
+/// entry. A pod's flows need a look in `FLOWS` while its `stack_epoch` is the map's value plus
+/// one (marked or renewed since the last advance) or the map's value (marked just before it):
+/// [`stack_epoch_live`]. The programs mark a pod with the map's value plus one, the agent renews
+/// with plus two and then advances by one, so no pod with a live flow is ever seen lapsed, and a
+/// pod whose flows are gone lapses after two advances. With no agent and no GC the epoch stands
+/// still and nothing lapses: the safe side.
+pub const STACK_EPOCH_SLOT: u32 = 0;
+
+/// Whether a pod whose `Endpoint::stack_epoch` is `pod` needs its flows looked up in `FLOWS`
+/// while `STACK_EPOCH` holds `current`.
+#[inline(always)]
+pub const fn stack_epoch_live(pod: u32, current: u32) -> bool {
+    pod != 0 && pod >= current
 }

@@ -38,6 +38,10 @@ pub const FEATURE_OWNER_CHECKS: u64 = 1;
 /// datapath loaded without it: the programs of an earlier build of this layout would skip the
 /// limit for pod → pod and cross-node traffic, silently.
 pub const FEATURE_EGRESS_SHAPING: u64 = 2;
+/// `FEATURES[0]` bit: the programs mark pods with stack epochs (`STACK_EPOCH`,
+/// `Endpoint::stack_epoch`), which the agent and GC renew and advance. Without it (the
+/// previous layout's programs: one-byte flags that never clear) nothing is renewed.
+pub const FEATURE_STACK_EPOCHS: u64 = 4;
 
 /// Capacity of `ENDPOINTS`: one entry per pod address on the node. 64 Ki entries of
 /// 20 + 32 bytes cost about 5 MiB of kernel memory, far above kubelet's default of 110 pods.
@@ -61,6 +65,7 @@ pub mod names {
     pub const SETTINGS: &str = "SETTINGS";
     pub const FEATURES: &str = "FEATURES";
     pub const NAT_SHARES: &str = "NAT_SHARES";
+    pub const STACK_EPOCH: &str = "STACK_EPOCH";
     /// The global holding [`crate::DatapathConfig`].
     pub const CONFIG: &str = "CONFIG";
 }

@@ -72,10 +72,23 @@ pub struct FragmentKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FragmentEntry {
     pub addr: [u8; 16],
+    /// The attachment of the pod whose flow it is: on the way back, an entry whose pod no
+    /// longer holds `addr` (deleted, its address given again) is ignored.
+    pub owner: u64,
+    /// When the first fragment was translated (`bpf_ktime_get_ns`): an entry older than
+    /// [`FRAGMENT_TIMEOUT_NS`] is ignored and removed.
+    pub created_ns: u64,
 }
 
+/// How long after its first fragment a datagram's later fragments are translated. Fragments of
+/// one datagram arrive within milliseconds of each other; the 16-bit IPv4 identification may
+/// come round again in well under the kernel's 30 s reassembly time on a busy flow, and a later
+/// fragment of the new datagram must not find the old one's entry (the last fragment removes it,
+/// but it may be lost).
+pub const FRAGMENT_TIMEOUT_NS: u64 = 2 * 1_000_000_000;
+
 /// Capacity of `FRAGMENTS`: datagrams in flight in fragments at once, both ways. LRU: a datagram
-/// is done within milliseconds, and the oldest is forgotten first. 4 Ki entries of 40 + 16 bytes.
+/// is done within milliseconds, and the oldest is forgotten first. 4 Ki entries of 40 + 32 bytes.
 pub const FRAGMENTS_MAX_ENTRIES: u32 = 4_096;
 
 /// Masqueraded flows a pod opened in the current window (`POD_FLOWS`, keyed by owner).

@@ -24,7 +24,7 @@ use network_types::{
     ip::Ipv4Hdr,
 };
 
-use crate::{arp, config, deliver, fib, ipv6, maps, packet, steer};
+use crate::{arp, config, deliver, fib, ipv6, maps, packet, stack_epoch, steer};
 
 pub fn handle(ctx: &TcContext) -> i32 {
     let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {
@@ -77,10 +77,10 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     if peer.is_none() && (config.in_node_pods(dst) || !config.in_cluster(dst)) {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
-    // `own.stack_replies`: its replies to flows the stack delivered; `peer.stack_replies` and
-    // `own.stack_peers`: a SYN that must forget the other direction's old entry (`steer.rs`).
+    // Its own stack flows: its replies to flows the stack delivered, and a SYN that must forget
+    // the other direction's old entry (`steer.rs`); the peer's: the other direction of those.
     // SAFETY (here and below): a hash map value, valid while this program runs.
-    let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| unsafe { (*p).stack_replies }) != 0;
+    let flagged = stack_epoch::live(&own) || peer.is_some_and(|p| stack_epoch::live(unsafe { &*p }));
     if steer::via_stack(ctx, flagged, own.owner, true) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }

@@ -14,7 +14,7 @@
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, ForwardPath, IpKey};
 
-use crate::{config, deliver, flow, maps, packet, rev_snat, steer};
+use crate::{config, deliver, flow, maps, packet, rev_snat, stack_epoch, steer};
 
 pub fn ingress(ctx: &TcContext) -> i32 {
     if !flow::is_ipv4(ctx) {
@@ -37,7 +37,7 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
     // Untrusted: a SYN from here forgets nothing (`steer::via_stack`).
-    if steer::via_stack(ctx, pod.stack_peers | pod.stack_replies != 0, pod.owner, false) {
+    if steer::via_stack(ctx, stack_epoch::live(&pod), pod.owner, false) {
         return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
     deliver::into_pod(ctx, &pod, ForwardPath::FromOtherNode)

@@ -15,7 +15,7 @@ use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, ENDPOINT_EGRESS_SHAPED, ENDPOINT_LINK_LOCAL, ForwardPath, IpKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, deliver, fib, maps, ndp, packet, steer};
+use crate::{config, deliver, fib, maps, ndp, packet, stack_epoch, steer};
 
 pub fn from_pod(ctx: &TcContext) -> i32 {
     // A network without IPv6 addresses: the pods' kernels still send router solicitations and
@@ -65,7 +65,7 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
     // As for IPv4 (`from_pod.rs`): only flagged pods' flows are looked up in `FLOWS`.
-    let flagged = own.stack_replies | own.stack_peers | peer.map_or(0, |p| p.stack_replies) != 0;
+    let flagged = stack_epoch::live(&own) || peer.as_ref().is_some_and(stack_epoch::live);
     if steer::via_stack6(ctx, flagged, own.owner, true) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }

@@ -58,6 +58,8 @@ mod snat;
 #[cfg(target_arch = "bpf")]
 mod snat6;
 #[cfg(target_arch = "bpf")]
+mod stack_epoch;
+#[cfg(target_arch = "bpf")]
 mod steer;
 #[cfg(target_arch = "bpf")]
 mod to_pod;

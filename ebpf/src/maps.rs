@@ -51,6 +51,10 @@ pub static FLOWS: LruHashMap<FlowKey, FlowEntry, { FLOWS_MAX_ENTRIES as usize }>
 #[btf_map]
 pub static SETTINGS: Array<DatapathConfig, 1> = Array::new();
 
+/// The stack epoch in slot 0 (see `stack_epoch.rs`), advanced by the agent and GC.
+#[btf_map]
+pub static STACK_EPOCH: Array<u32, 1> = Array::new();
+
 /// What the loaded programs do beyond their layout (`FEATURE_*` bits in slot 0), written once by
 /// the plugin when it loads them and never read here: the control plane adapts to it.
 #[btf_map]

@@ -39,7 +39,7 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
         return maps::drop(ctx, reason);
     }
     if flow.first_fragment {
-        fragments::remember(&flow, pod);
+        fragments::remember(&flow, pod, owner);
     }
     maps::forwarded(ctx, ForwardPath::ReplyToPod, packet::PASS)
 }

@@ -5,8 +5,8 @@
 //! packet on to a pod (`to_pod`) or to another node (`to_uplink`), the key its replies will have
 //! is recorded in `FLOWS`; where a reply could take a fast path (`from_pod`, `from_uplink`), it
 //! is looked up. Flows the stack never saw (plain pod ↔ pod) are never recorded: a pod gets its
-//! lookups only once the stack has delivered it such a flow (`Endpoint::stack_replies`,
-//! `stack_peers`), so pods that serve no Service pay nothing.
+//! lookups only while the stack has handed it such flows (`stack_epoch.rs`), so pods that serve
+//! or use no Service pay nothing, and a pod that did pays nothing again once those flows are gone.
 //!
 //! Entries are created only where the node's stack has accepted the packet (`to_pod`,
 //! `to_uplink`: after netfilter), never where a packet merely arrives (`from_uplink`), and each
@@ -14,13 +14,13 @@
 //! given a deleted pod's address never inherits its flows, so DEL need not purge them.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_ns, programs::TcContext};
 use ebpf_common::{
-    FLOW_CONFIRM_WINDOW_NS, FLOW_CONFIRMED, FLOW_FROM_OUTSIDE, FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_NS,
-    FLOW_TIMEOUT_UDP_NS, FLOW_VIA_STACK, FlowEntry, FlowKey,
+    FLOW_CONFIRM_WINDOW_NS, FLOW_CONFIRMED, FLOW_FIN, FLOW_FROM_OUTSIDE, FLOW_RST, FLOW_VIA_STACK, FlowEntry, FlowKey,
+    flow_closing_bits, flow_timeout,
 };
 
 use crate::{
-    flow::{Flow, PROTO_ICMP, PROTO_TCP, TCP_ACK, TCP_SYN},
-    flow6::{Flow6, PROTO_ICMPV6},
+    flow::{Flow, PROTO_TCP, TCP_ACK, TCP_SYN},
+    flow6::Flow6,
     icmp_error, icmp_error6, maps,
 };
 
@@ -41,7 +41,7 @@ pub fn record(key: &FlowKey, owner: u64, flag: u32) {
                 *entry = FlowEntry { owner, last_seen_ns: now, flags: flag, pad: 0 };
                 return;
             }
-            if (*entry).flags & flag == 0 {
+            if (*entry).flags & flag != flag {
                 (*entry).flags |= flag;
             }
             touch(entry, now);
@@ -53,33 +53,58 @@ pub fn record(key: &FlowKey, owner: u64, flag: u32) {
     let _ = maps::FLOWS.insert(key, &entry, u64::from(BPF_NOEXIST));
 }
 
+/// Records that the stack accepted a packet (TCP flags `tcp_flags`) of a flow whose packets
+/// keyed `key` must take the stack too ([`FLOW_VIA_STACK`]). A SYN opening a new connection on
+/// the same 5-tuple gives the entry its full life again. When the packet is `owner`'s pod's own
+/// (`own`: on its way out, `to_uplink`), its FIN or RST shortens the entry's life to conntrack's
+/// (`FLOW_FIN`, `FLOW_RST`); the peer's never does: conntrack lets through, as INVALID, a FIN or
+/// RST out of the connection's window, and one forged from the LAN must not end an idle Service
+/// connection's entry. The pod answers a peer's close with its own FIN, or a RST, and that marks.
+#[inline(always)]
+pub fn record_stack(key: &FlowKey, owner: u64, tcp_flags: u8, own: bool) {
+    let opens = key.protocol == PROTO_TCP && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    if opens && let Some(entry) = maps::FLOWS.get_ptr_mut(key) {
+        // SAFETY: an LRU value, valid while this program runs.
+        unsafe {
+            if (*entry).owner == owner && (*entry).flags & (FLOW_FIN | FLOW_RST) != 0 {
+                (*entry).flags &= !(FLOW_FIN | FLOW_RST);
+            }
+        }
+    }
+    let closing = if own { flow_closing_bits(key.protocol, tcp_flags) } else { 0 };
+    record(key, owner, FLOW_VIA_STACK | closing);
+}
+
 /// Whether a live flow entry with `flag` exists for `key` and `owner`'s pod (one idle past its
 /// protocol's timeout is not: its 5-tuple may have been reused since; nor one of another
 /// attachment that had the pod's address before). A hit keeps the entry alive.
 #[inline(always)]
 pub fn has(key: &FlowKey, flag: u32, owner: u64) -> bool {
+    has_closing(key, flag, owner, 0)
+}
+
+/// [`has`], and a hit takes `closing` (`FLOW_FIN`, `FLOW_RST`: the pod's own segment ends the
+/// flow; never a packet from the uplink, which anyone may forge).
+#[inline(always)]
+fn has_closing(key: &FlowKey, flag: u32, owner: u64, closing: u32) -> bool {
     let Some(entry) = maps::FLOWS.get_ptr_mut(key) else { return false };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let timeout = timeout(key.protocol);
     // SAFETY: an LRU value, valid while this program runs.
     unsafe {
-        if (*entry).owner != owner || (*entry).flags & flag == 0 || now.saturating_sub((*entry).last_seen_ns) > timeout
+        let flags = (*entry).flags;
+        if (*entry).owner != owner
+            || flags & flag == 0
+            || now.saturating_sub((*entry).last_seen_ns) > flow_timeout(key.protocol, flags)
         {
             return false;
+        }
+        if flags & closing != closing {
+            (*entry).flags = flags | closing;
         }
         touch(entry, now);
     }
     true
-}
-
-#[inline(always)]
-fn timeout(protocol: u8) -> u64 {
-    match protocol {
-        PROTO_TCP => FLOW_TIMEOUT_TCP_NS,
-        PROTO_ICMP | PROTO_ICMPV6 => FLOW_TIMEOUT_ICMP_NS,
-        _ => FLOW_TIMEOUT_UDP_NS,
-    }
 }
 
 /// Records that the stack accepted a packet opening a flow from outside the cluster towards
@@ -120,7 +145,7 @@ pub fn answers_outside(key: &FlowKey, owner: u64, tcp_flags: u8) -> bool {
                 return false;
             }
             (*entry).flags = flags | FLOW_CONFIRMED;
-        } else if idle > timeout(key.protocol) {
+        } else if idle > flow_timeout(key.protocol, flags) {
             return false;
         }
         touch(entry, now);
@@ -170,7 +195,10 @@ pub fn via_stack(ctx: &TcContext, flagged: bool, owner: u64, trusted: bool) -> b
         Ok(flow) if flow.opens() => {
             has(&flow.key(), FLOW_VIA_STACK, owner) || has(&flow.reply_key(), FLOW_VIA_STACK, owner)
         }
-        Ok(flow) => has(&flow.key(), FLOW_VIA_STACK, owner),
+        Ok(flow) => {
+            let closing = if trusted { flow_closing_bits(flow.protocol, flow.tcp_flags) } else { 0 };
+            has_closing(&flow.key(), FLOW_VIA_STACK, owner, closing)
+        }
         Err(_) => icmp_error::flow_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK, owner)),
     }
 }
@@ -192,7 +220,10 @@ pub fn via_stack6(ctx: &TcContext, flagged: bool, owner: u64, trusted: bool) -> 
         Ok(flow) if flow.opens() => {
             has(&flow.key, FLOW_VIA_STACK, owner) || has(&flow.reply_key(), FLOW_VIA_STACK, owner)
         }
-        Ok(flow) => has(&flow.key, FLOW_VIA_STACK, owner),
+        Ok(flow) => {
+            let closing = if trusted { flow_closing_bits(flow.key.protocol, flow.tcp_flags) } else { 0 };
+            has_closing(&flow.key, FLOW_VIA_STACK, owner, closing)
+        }
         Err(_) => icmp_error6::quoted_reply_key(ctx).is_none_or(|key| has(&key, FLOW_VIA_STACK, owner)),
     }
 }

@@ -8,11 +8,11 @@
 //! node's netfilter has accepted and routed it, and not in `from_uplink`, where any packet from
 //! the LAN, with any flags, would do. Nothing is ever dropped here.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, FAST_PATH_MARK, FLOW_VIA_STACK, IpKey};
+use ebpf_common::{DatapathConfig, FAST_PATH_MARK, IpKey};
 
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, flow, flow6::Flow6, maps, ndp, packet, snat, snat6, steer};
+use crate::{config, flow, flow6::Flow6, maps, ndp, packet, snat, snat6, stack_epoch, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -44,12 +44,10 @@ pub fn egress(ctx: &TcContext) -> i32 {
     }
     let Ok(flow) = flow::Flow::parse(ctx) else { return packet::PASS };
     let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v4(dst)) else { return packet::PASS };
-    // SAFETY: a hash map value, valid while this program runs; one byte, written only if unset.
+    // SAFETY: a hash map value, valid while this program runs.
     unsafe {
-        steer::record(&flow.reply_key(), (*pod).owner, FLOW_VIA_STACK);
-        if (*pod).stack_replies == 0 {
-            (*pod).stack_replies = 1;
-        }
+        steer::record_stack(&flow.reply_key(), (*pod).owner, flow.tcp_flags, false);
+        stack_epoch::mark(pod);
     }
     packet::PASS
 }
@@ -102,10 +100,8 @@ fn ipv6(ctx: &TcContext) -> i32 {
     let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v6(dst)) else { return packet::PASS };
     // SAFETY: as for IPv4.
     unsafe {
-        steer::record(&flow.reply_key(), (*pod).owner, FLOW_VIA_STACK);
-        if (*pod).stack_replies == 0 {
-            (*pod).stack_replies = 1;
-        }
+        steer::record_stack(&flow.reply_key(), (*pod).owner, flow.tcp_flags, false);
+        stack_epoch::mark(pod);
     }
     packet::PASS
 }

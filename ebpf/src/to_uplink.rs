@@ -9,9 +9,9 @@
 //!    unless it is a reply in a flow opened from outside the cluster towards the pod's own
 //!    address (`to_pod` recorded it once the stack accepted the flow's first packet).
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, FAST_PATH_MARK, FLOW_VIA_STACK, ForwardPath, IpKey};
+use ebpf_common::{DropReason, FAST_PATH_MARK, ForwardPath, IpKey};
 
-use crate::{config, flow, fragments, maps, packet, snat, steer};
+use crate::{config, flow, fragments, maps, packet, snat, stack_epoch, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -37,21 +37,20 @@ pub fn egress(ctx: &TcContext) -> i32 {
         Ok(flow) => flow,
         // Inside the cluster nothing is translated: fragments and other protocols go as they are.
         Err(_) if config.in_cluster(dst) => return packet::PASS,
-        Err(DropReason::NatUntranslatable) => return fragments::egress(ctx),
+        // SAFETY: a hash map value, valid while this program runs.
+        Err(DropReason::NatUntranslatable) => return fragments::egress(ctx, unsafe { (*pod).owner }),
         Err(reason) => return maps::drop(ctx, reason),
     };
     // SAFETY: a hash map value, valid while this program runs.
-    let (owner, known_peer) = unsafe { ((*pod).owner, (*pod).stack_peers != 0) };
+    let owner = unsafe { (*pod).owner };
     if config.in_cluster(dst) {
         // Both ways: the replies (`from_uplink` looks them up), and the pod's own later packets,
         // which `from_pod` might send by the FIB (a packet the FIB left to the kernel came this
         // way: its hop limit, its size): conntrack must see them all.
-        steer::record(&flow.reply_key(), owner, FLOW_VIA_STACK);
-        steer::record(&flow.key(), owner, FLOW_VIA_STACK);
-        if !known_peer {
-            // SAFETY: as above; one byte, written once.
-            unsafe { (*pod).stack_peers = 1 };
-        }
+        steer::record_stack(&flow.reply_key(), owner, flow.tcp_flags, true);
+        steer::record_stack(&flow.key(), owner, flow.tcp_flags, true);
+        // SAFETY: as above.
+        unsafe { stack_epoch::mark(pod) };
         return packet::PASS;
     }
     match snat::masquerade(ctx, &config, &flow, owner) {
@@ -59,14 +58,14 @@ pub fn egress(ctx: &TcContext) -> i32 {
         Ok(snat::Outcome::OwnAddress) => {
             if flow.first_fragment {
                 // Its later fragments keep the pod's address too.
-                fragments::remember(&flow, flow.src);
+                fragments::remember(&flow, flow.src, owner);
             }
             return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
         }
         Err(reason) => return maps::drop(ctx, reason),
     }
     if flow.first_fragment {
-        fragments::remember(&flow, config.node_ipv4);
+        fragments::remember(&flow, config.node_ipv4, owner);
     }
     maps::forwarded(ctx, ForwardPath::Masqueraded, packet::PASS)
 }

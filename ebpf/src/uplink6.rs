@@ -7,10 +7,12 @@
 //! own address keep that address (`to_pod` records them), and a source of this node's pods
 //! arriving from the LAN is forged (`SpoofedUplinkSource`).
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, ENDPOINT_LINK_LOCAL, FAST_PATH_MARK, FLOW_VIA_STACK, ForwardPath, IpKey};
+use ebpf_common::{DropReason, ENDPOINT_LINK_LOCAL, FAST_PATH_MARK, ForwardPath, IpKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, packet, snat::Outcome, snat6, steer};
+use crate::{
+    config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, packet, snat::Outcome, snat6, stack_epoch, steer,
+};
 
 /// Source and destination of the IPv6 packet in hand, read in place (copies would cost stack).
 #[inline(always)]
@@ -46,14 +48,10 @@ pub fn egress(ctx: &TcContext) -> i32 {
     if config.in_cluster6(dst) {
         if let Ok(flow) = Flow6::parse(ctx) {
             // Both ways, as `to_uplink` records them.
-            steer::record(&flow.reply_key(), owner, FLOW_VIA_STACK);
-            steer::record(&flow.key, owner, FLOW_VIA_STACK);
-            // SAFETY: as above; one byte, written once.
-            unsafe {
-                if (*pod).stack_peers == 0 {
-                    (*pod).stack_peers = 1;
-                }
-            }
+            steer::record_stack(&flow.reply_key(), owner, flow.tcp_flags, true);
+            steer::record_stack(&flow.key, owner, flow.tcp_flags, true);
+            // SAFETY: as above.
+            unsafe { stack_epoch::mark(pod) };
         }
         return packet::PASS;
     }
@@ -100,7 +98,7 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
     // Untrusted: a SYN from here forgets nothing (`steer::via_stack`).
-    if steer::via_stack6(ctx, pod.stack_peers | pod.stack_replies != 0, pod.owner, false) {
+    if steer::via_stack6(ctx, stack_epoch::live(&pod), pod.owner, false) {
         return maps::forwarded(ctx, ForwardPath::UplinkToStack, packet::PASS);
     }
     deliver::into_pod(ctx, &pod, ForwardPath::FromOtherNode)

@@ -1,7 +1,7 @@
 //! Runs a network's pinned programs on crafted frames (`BPF_PROG_TEST_RUN`), as if each frame
 //! arrived on an interface of the node: the verdict, the frame as the program left it, and
 //! the drop reason counted.
-use std::ffi::CString;
+use std::{ffi::CString, time::Duration};
 
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use ebpf_common::DropReason;
@@ -28,6 +28,14 @@ pub fn run_arrived(tb: &Testbed, name: &str, ifname: &str, arrived_on: &str, fra
     try_run_arrived(tb, name, ifname, Some(arrived_on), frame).unwrap()
 }
 
+/// Runs the pinned program `name` on `frame` `repeat` times in a row (as arriving on `ifname`),
+/// in the kernel: the verdict and the mean time of one run, the program's own cost per packet.
+/// State the program writes persists from run to run, as for a flow's packets.
+pub fn time(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>, repeat: u32) -> anyhow::Result<(u32, Duration)> {
+    let (verdict, _, mean) = run_repeated(tb, name, ifname, None, frame, repeat)?;
+    Ok((verdict, mean))
+}
+
 fn try_run_arrived(
     tb: &Testbed,
     name: &str,
@@ -35,6 +43,18 @@ fn try_run_arrived(
     arrived_on: Option<&str>,
     frame: Vec<u8>,
 ) -> anyhow::Result<(u32, Vec<u8>)> {
+    let (verdict, out, _) = run_repeated(tb, name, ifname, arrived_on, frame, 1)?;
+    Ok((verdict, out))
+}
+
+fn run_repeated(
+    tb: &Testbed,
+    name: &str,
+    ifname: &str,
+    arrived_on: Option<&str>,
+    frame: Vec<u8>,
+    repeat: u32,
+) -> anyhow::Result<(u32, Vec<u8>, Duration)> {
     let pin = tb.version_dir().join("progs").join(name);
     let ifname = CString::new(ifname).unwrap();
     let arrived_on = arrived_on.map(|name| CString::new(name).unwrap());
@@ -59,10 +79,11 @@ fn try_run_arrived(
             data_in: Some(&frame),
             data_out: Some(&mut out),
             ctx_in: Some(&ctx),
+            repeat,
             ..TestRunOptions::default()
         })?;
         out.truncate(result.data_size_out as usize);
-        Ok((result.return_value, out))
+        Ok((result.return_value, out, result.duration))
     })
 }
 

@@ -9,16 +9,8 @@ use ebpf_common::{Endpoint, IpKey};
 fn fill_endpoints(tb: &Testbed) -> usize {
     let data = MapData::from_pin(tb.map_pin("ENDPOINTS")).unwrap();
     let mut map: HashMap<MapData, IpKey, Endpoint> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
-    let junk = Endpoint {
-        host_ifindex: 999_999,
-        flags: 0,
-        owner: 0xdead,
-        pod_mac: [0; 6],
-        host_mac: [0; 6],
-        stack_replies: 0,
-        stack_peers: 0,
-        pad: [0; 2],
-    };
+    let junk =
+        Endpoint { host_ifindex: 999_999, flags: 0, owner: 0xdead, pod_mac: [0; 6], host_mac: [0; 6], stack_epoch: 0 };
     let mut added = 0;
     for n in 0u32.. {
         let [_, a, b, c] = n.to_be_bytes();

@@ -7,7 +7,9 @@
 //! - a SYN from the uplink forgets no Service flow's state;
 //! - an outside RST marks a masqueraded flow closing only until the pod shows it alive, and an
 //!   outside FIN (a half-close) marks nothing;
-//! - an ICMP error quoting an IPv4 header shorter than 20 bytes is not translated.
+//! - an ICMP error quoting an IPv4 header shorter than 20 bytes is not translated;
+//! - a later fragment finds no entry of a finished datagram, of one whose last fragment was lost
+//!   (after the identification wraps), nor of another owner's.
 use std::net::Ipv4Addr;
 
 use ebpf_cni_tests::{
@@ -15,7 +17,7 @@ use ebpf_cni_tests::{
     frames::{ethernet, ipv4, tcp, with_checksums},
     prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run_arrived},
 };
-use ebpf_common::DropReason;
+use ebpf_common::{DropReason, FragmentEntry, FragmentKey};
 
 const ETH_IPV4: u16 = 0x0800;
 const TCP: u8 = 6;
@@ -292,4 +294,31 @@ fn a_reused_fragment_id_finds_no_old_datagram() {
     assert_eq!(back[30..34], node.a.ip.octets(), "reply's last fragment reaches a");
     let back = from_uplink("a later fragment reusing the id", fragment(to_node(&[7; 16]), 0x5151, 9));
     assert_eq!(back[30..34], node.node_ip.octets(), "a fragment of another datagram went to a");
+
+    // A datagram whose last fragment is lost: its entry lapses. Once the identification has come
+    // round (here: after `FRAGMENT_TIMEOUT_NS`), a later fragment of a new datagram that arrives
+    // before its own first is left to the node, not handed to a with the lost datagram's address.
+    let back = from_uplink("a lost datagram's first fragment", fragment(to_node(&reply), 0x6161, 0x2000));
+    assert_eq!(back[30..34], node.a.ip.octets(), "first fragment reaches a");
+    let back = from_uplink("its middle fragment", fragment(to_node(&[7; 16]), 0x6161, 0x2000 | 9));
+    assert_eq!(back[30..34], node.a.ip.octets(), "a middle fragment within the timeout reaches a");
+    std::thread::sleep(std::time::Duration::from_nanos(ebpf_common::FRAGMENT_TIMEOUT_NS + 200_000_000));
+    let back = from_uplink("a fragment after the id wrapped", fragment(to_node(&[7; 16]), 0x6161, 0x2000 | 12));
+    assert_eq!(back[30..34], node.node_ip.octets(), "a fragment found a lapsed datagram's entry");
+
+    // An entry is good only for the pod whose flow it is: one whose owner no longer holds the
+    // address (a deleted pod's, its address given again) sends nothing to the address.
+    let back = from_uplink("another datagram's first fragment", fragment(to_node(&reply), 0x7171, 0x2000));
+    assert_eq!(back[30..34], node.a.ip.octets(), "first fragment reaches a");
+    let mut fragments = fragment_map(node.tb);
+    let (key, mut entry) = fragments.iter().filter_map(Result::ok).find(|(k, _)| k.id == 0x7171).expect("its entry");
+    entry.owner ^= 1;
+    fragments.insert(key, entry, 0).unwrap();
+    let back = from_uplink("a fragment of another owner's datagram", fragment(to_node(&[7; 16]), 0x7171, 9));
+    assert_eq!(back[30..34], node.node_ip.octets(), "a fragment went to the address of a gone owner's flow");
+}
+
+fn fragment_map(tb: &Testbed) -> aya::maps::HashMap<aya::maps::MapData, FragmentKey, FragmentEntry> {
+    let data = aya::maps::MapData::from_pin(tb.map_pin("FRAGMENTS")).unwrap();
+    aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap()
 }

@@ -91,9 +91,10 @@ impl Preload {
         }
     }
 
-    /// Counts again what each pod holds through masquerade and sweeps the flows of pods that are
-    /// gone (`bpf::recount_shares`, `bpf::sweep_flows`): without the network's lock, so no ADD
-    /// waits for it. Only the primary network masquerades (the node file says so), so its maps
+    /// Counts again what each pod holds through masquerade, sweeps the flows of pods that are
+    /// gone and lets pods whose Service flows are gone back onto the fast path
+    /// (`bpf::recount_shares`, `bpf::sweep_flows`, `bpf::renew_stack_epochs`): without the
+    /// network's lock but for a few writes, so no ADD waits for it. Only the primary network masquerades (the node file says so), so its maps
     /// are the only ones with flows to count.
     pub fn maintain_flows_logged(&self) {
         let pins = Pins::current(&self.conf.bpffs_root(), &self.conf.name);
@@ -106,6 +107,10 @@ impl Preload {
                 log::debug!("network {}: swept {nat} NAT and {flows} FLOWS entries of gone pods", self.conf.name)
             }
             Err(e) => log::warn!("network {}: sweeping flows of gone pods: {e}", self.conf.name),
+        }
+        match bpf::renew_stack_epochs(&self.conf.bpffs_root(), &self.conf.name) {
+            Ok(renewed) => log::debug!("network {}: stack epochs: {renewed:?}", self.conf.name),
+            Err(e) => log::warn!("network {}: renewing stack epochs: {e}", self.conf.name),
         }
     }
 

@@ -31,7 +31,7 @@ const OBJECT_NEEDS_KERNEL_BTF: bool = false;
 const VERIFY_ORDER: [&str; 6] =
     [names::TO_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK, names::FROM_UPLINK6, names::FROM_POD, names::TO_POD];
 
-const MAPS: [&str; 10] = [
+const MAPS: [&str; 11] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -42,6 +42,7 @@ const MAPS: [&str; 10] = [
     names::SETTINGS,
     names::FEATURES,
     names::NAT_SHARES,
+    names::STACK_EPOCH,
 ];
 
 impl Datapath {
@@ -100,7 +101,13 @@ impl Datapath {
         let mut features: Array<_, u64> = Array::try_from(ebpf.map_mut(names::FEATURES).expect("pinned"))
             .cni(ErrorCode::INTERNAL, "FEATURES has another layout")?;
         features
-            .set(0, ebpf_common::FEATURE_OWNER_CHECKS | ebpf_common::FEATURE_EGRESS_SHAPING, 0)
+            .set(
+                0,
+                ebpf_common::FEATURE_OWNER_CHECKS
+                    | ebpf_common::FEATURE_EGRESS_SHAPING
+                    | ebpf_common::FEATURE_STACK_EPOCHS,
+                0,
+            )
             .cni(ErrorCode::DATAPATH, "cannot record the features")?;
         // Only the programs the network attaches: the verifier's time is most of a first ADD,
         // and a network without masquerade, or without IPv6, never runs the uplink's (IPv6) ones.

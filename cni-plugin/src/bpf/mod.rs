@@ -8,6 +8,7 @@ mod nat;
 mod pins;
 pub mod read;
 mod settings;
+mod stack_epochs;
 mod uplink;
 
 pub use audit::Expected;
@@ -16,3 +17,4 @@ pub use datapath::Datapath;
 pub use nat::{recount_shares, sweep_flows};
 pub use pins::Pins;
 pub use settings::Settings;
+pub use stack_epochs::renew_stack_epochs;

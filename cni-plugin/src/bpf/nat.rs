@@ -72,7 +72,7 @@ impl Datapath {
 
 /// Whether the programs pinned at `pins` were loaded with `feature` (a `FEATURE_*` bit of the
 /// `FEATURES` map; builds before it have none: no).
-fn has_feature(pins: &Pins, feature: u64) -> bool {
+pub(super) fn has_feature(pins: &Pins, feature: u64) -> bool {
     let Ok(data) = MapData::from_pin(pins.map(names::FEATURES)) else { return false };
     let Ok(Ok(array)) = Map::from_map_data(data).map(Array::<_, u64>::try_from) else { return false };
     array.get(&0, 0).is_ok_and(|bits| bits & feature != 0)
@@ -111,8 +111,7 @@ pub fn sweep_flows(pins: &Pins) -> CniResult<(usize, usize)> {
 pub fn recount_shares(pins: &Pins) -> CniResult<usize> {
     let Some(mut shares) = open::<ShareKey, Share>(pins, names::NAT_SHARES)? else { return Ok(0) };
     let Some(nat) = open::<FlowKey, NatEntry>(pins, names::NAT)? else { return Ok(0) };
-    let now = clock_gettime(ClockId::CLOCK_MONOTONIC).cni(ErrorCode::INTERNAL, "cannot read the clock")?;
-    let now = u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec()).unwrap_or(0);
+    let now = monotonic_now()?;
     let live: BTreeSet<u64> = read::endpoint_entries(pins)
         .cni(ErrorCode::DATAPATH, "cannot read ENDPOINTS")?
         .into_iter()
@@ -144,6 +143,12 @@ pub fn recount_shares(pins: &Pins) -> CniResult<usize> {
         shares.insert(key, Share { held: *held, pad: 0 }, 0).cni(ErrorCode::DATAPATH, "cannot write NAT_SHARES")?;
     }
     Ok(counts.len())
+}
+
+/// Now on the programs' clock (`bpf_ktime_get_ns`: CLOCK_MONOTONIC), in nanoseconds.
+pub(super) fn monotonic_now() -> CniResult<u64> {
+    let now = clock_gettime(ClockId::CLOCK_MONOTONIC).cni(ErrorCode::INTERNAL, "cannot read the clock")?;
+    Ok(u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec()).unwrap_or(0))
 }
 
 /// How long `entry`'s flow holds its port without a packet (as the programs' port search).

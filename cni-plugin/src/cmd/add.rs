@@ -210,9 +210,7 @@ impl Setup<'_> {
             owner: self.attachment.cookie(),
             pod_mac: pod.mac,
             host_mac: host.mac,
-            stack_replies: 0,
-            stack_peers: 0,
-            pad: [0; 2],
+            stack_epoch: 0,
         };
         fault::point("add:after-load");
         let link_local = has_ipv6.then(|| sysctl::eui64_link_local(pod.mac));

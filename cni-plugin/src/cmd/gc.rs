@@ -88,6 +88,10 @@ pub async fn gc(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()> 
             }
             Err(e) => drop(first_err.get_or_insert(e)),
         }
+        // After the sweep: a gone pod's flows renew nothing.
+        if let Err(e) = bpf::renew_stack_epochs(&root, &conf.name) {
+            first_err.get_or_insert(e);
+        }
     }
     let released = match ipam.collect_garbage(env, keep) {
         Ok(stale) => stale.len(),
