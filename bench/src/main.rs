@@ -16,6 +16,7 @@ mod proc;
 mod qperf;
 mod report;
 mod service;
+mod service_aftermath;
 mod sockperf;
 mod stats;
 mod topology;
@@ -70,14 +71,17 @@ enum Section {
     ControlFullMaps,
     /// Pod → ClusterIP → pod through kube-proxy's rules.
     Service,
+    /// `from_pod`'s cost for a pod before, while and after it serves a Service (ebpf-cni only).
+    ServiceAftermath,
 }
 
 /// What runs when `--only` is not given.
-const DEFAULT_SECTIONS: [Section; 6] = [
+const DEFAULT_SECTIONS: [Section; 7] = [
     Section::Datapath,
     Section::Datapath6,
     Section::Masquerade,
     Section::Service,
+    Section::ServiceAftermath,
     Section::Control,
     Section::ControlFullMaps,
 ];
@@ -153,6 +157,9 @@ fn run_bench(cli: Cli) -> Result<()> {
     }
     if wanted(Section::Service) {
         figures.extend(service::run(&settings, &ours)?);
+    }
+    if wanted(Section::ServiceAftermath) {
+        figures.extend(service_aftermath::run(&settings, &ours)?);
     }
     if wanted(Section::Control) {
         figures.extend(control::run(&settings, &ours)?);
