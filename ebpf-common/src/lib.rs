@@ -25,7 +25,8 @@ pub use nat::*;
 pub use shares::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
-pub const PIN_LAYOUT_VERSION: u32 = 3;
+/// 4: `FRAGMENTS`' value grew, `Endpoint`'s two stack bytes became one `stack_epoch`, a new map.
+pub const PIN_LAYOUT_VERSION: u32 = 4;
 
 /// `FEATURES[0]` bit: the programs take a `NAT` or `FLOWS` entry for its owner's only (one
 /// whose owner no longer holds the pod's address is ignored, and its port may be taken), so DEL
