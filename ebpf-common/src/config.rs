@@ -1,7 +1,7 @@
 //! Load-time configuration of a network's datapath: set as a global when the programs are
 //! loaded (once per network), read by every program. Fixed until the network's last pod is gone.
 
-/// The datapath's settings. The IPv6 fields come last: the previous layout's are a prefix.
+/// The datapath's settings.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DatapathConfig {

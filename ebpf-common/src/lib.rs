@@ -25,18 +25,19 @@ pub use nat::*;
 pub use shares::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
-pub const PIN_LAYOUT_VERSION: u32 = 3;
+/// 4: `FRAGMENTS`' value grew, `Endpoint`'s two stack bytes became one `stack_epoch`, a new map.
+pub const PIN_LAYOUT_VERSION: u32 = 4;
 
 /// `FEATURES[0]` bit: the programs take a `NAT` or `FLOWS` entry for its owner's only (one
 /// whose owner no longer holds the pod's address is ignored, and its port may be taken), so DEL
 /// leaves a deleted pod's flows to age instead of scanning both maps under the node's lock.
-/// Programs of the same layout loaded by a build before it lack the bit (and the map): for
-/// them DEL still purges.
+/// The previous layout's programs as release 5b4a135 loaded them lack the bit (and the map):
+/// for them DEL still purges.
 pub const FEATURE_OWNER_CHECKS: u64 = 1;
 /// `FEATURES[0]` bit: `from_pod` hands a pod flagged `ENDPOINT_EGRESS_SHAPED` to the node's
 /// egress shaping (the IFB) instead of a fast path. An egress limit is refused (code 102) on a
-/// datapath loaded without it: the programs of an earlier build of this layout would skip the
-/// limit for pod → pod and cross-node traffic, silently.
+/// datapath loaded without it: the previous layout's programs as 5b4a135 loaded them would skip
+/// the limit for pod → pod and cross-node traffic, silently.
 pub const FEATURE_EGRESS_SHAPING: u64 = 2;
 /// `FEATURES[0]` bit: the programs mark pods with stack epochs (`STACK_EPOCH`,
 /// `Endpoint::stack_epoch`), which the agent and GC renew and advance. Without it (the

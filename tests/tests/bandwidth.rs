@@ -337,9 +337,10 @@ fn bad_limits_are_refused_and_leave_nothing() {
     }
 }
 
-/// A network whose datapath an earlier build of this layout loaded (before a node upgrade; its
-/// programs serve their pods until the last is gone) has no egress shaping in `from_pod`: an
-/// egress limit there would hold only for traffic through the stack. Refused, nothing left.
+/// A network whose datapath 5b4a135 loaded (layout v3, the previous one, kept across a node
+/// upgrade until its last pod is gone) has no egress shaping in `from_pod`: an egress limit
+/// there would hold only for traffic through the stack. Refused, nothing left. The plugin goes
+/// by the `FEATURES` bits whatever the layout, so this build's own pins stand in for 5b4a135's.
 #[test]
 fn an_egress_limit_is_refused_on_a_datapath_loaded_without_egress_shaping() {
     let Some(mut tb) = Testbed::for_test(
@@ -351,7 +352,8 @@ fn an_egress_limit_is_refused_on_a_datapath_loaded_without_egress_shaping() {
     };
     let first = tb.new_pod().unwrap();
     tb.add(first).unwrap();
-    // What 5b4a135 leaves: no FEATURES bits (it has no such map; a zero reads the same).
+    // What 5b4a135 leaves: no FEATURES bits (it has no such map; a zero reads the same, and
+    // `has_feature` treats a missing map as no bits).
     let data = aya::maps::MapData::from_pin(tb.map_pin("FEATURES")).unwrap();
     let mut features: aya::maps::Array<_, u64> = aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
     features.set(0, 0, 0).unwrap();

@@ -3,8 +3,9 @@
 //! Its pods keep their traffic while it happens (a ping every 50 ms to the outside loses
 //! nothing, a long TCP connection and a masqueraded UDP flow keep going); this build's ADD,
 //! CHECK, GC and DEL handle the old pods and new ones beside them on the datapath already
-//! loaded; once the old layout's pods are gone, GC removes its pins, the next ADD loads this
-//! build's layout, and nothing is left behind.
+//! loaded (one with bandwidth limits, which that datapath enforces); once the old layout's pods
+//! are gone, GC removes its pins, the next ADD loads this build's layout, and nothing is left
+//! behind.
 use std::{
     io::{Read as _, Write as _},
     net::{Ipv4Addr, SocketAddrV4, TcpStream},
@@ -30,6 +31,8 @@ use serde_json::{Value, json};
 const PINGS: u32 = 60;
 /// The long TCP connection exchanges a message this often.
 const TCP_EVERY: Duration = Duration::from_millis(20);
+/// The pin directory of the base release's layout (`EBPF_CNI_BASE_BIN`, 52899e9: v3).
+const PREVIOUS_LAYOUT: &str = "v3";
 
 /// The previous release's binary, or `None` (then the test is skipped, except under CI).
 fn base_plugin(test: &str) -> Option<Plugin> {
@@ -135,7 +138,7 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     let ip_a = address(&rt.add(&list, &sandboxes[old_a]).unwrap());
     let ip_b = address(&rt.add(&list, &sandboxes[old_b]).unwrap());
     rt.add(&list, &sandboxes[old_c]).unwrap();
-    assert!(tb.pin_dir().join("v2/progs/from_pod").exists(), "the previous release pins layout v2");
+    assert!(tb.pin_dir().join(PREVIOUS_LAYOUT).join("progs/from_pod").exists(), "the previous release's layout");
     let ns = |pod: usize| tb.pods[pod].netns.name.clone();
 
     // Traffic running across the upgrade: a masqueraded UDP flow, a long TCP connection, pings.
@@ -162,7 +165,7 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     tb.plugin = new.clone();
     rt.search_first(new.dir());
     let ip_fresh = address(&rt.add(&list, &sandboxes[fresh]).unwrap());
-    assert!(!tb.pin_dir().join("v3").exists(), "a second datapath loaded beside the running one");
+    assert!(!tb.version_dir().exists(), "a second datapath loaded beside the running one");
     for pod in [old_a, old_b, old_c, fresh] {
         rt.check(&list, &sandboxes[pod]).unwrap_or_else(|e| panic!("CHECK of pod {pod} after the upgrade: {e:#}"));
     }
@@ -189,23 +192,27 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     assert!(settings.status.success(), "inspect reads the previous layout's pins: {settings:?}");
     let upgrade_took = window.elapsed();
 
-    // A limit needs this build's datapath (delivery through the host veth for ingress, the way
-    // through an IFB for egress, flagged in `ENDPOINTS`): refused with code 102 while the
-    // previous one runs, and nothing is left of it.
+    // Limits on the previous layout's datapath: its programs shape both ways (`FEATURES` has
+    // the egress-shaping bit), reading the flags this build's ADD writes into its `ENDPOINTS`.
+    // A ping to the new pod (a fast path but for the flags) goes through the limited pod's IFB
+    // out and through its host veth's TBF in.
     let mut shaped = tb.conflist("1.1.0", vec![]);
     shaped["plugins"][0]["capabilities"] = json!({ "bandwidth": true });
     let shaped = rt.load(&shaped).unwrap();
-    for limit in [
-        json!({ "ingressRate": 40_000_000u64, "ingressBurst": 400_000u64 }),
-        json!({ "egressRate": 20_000_000u64, "egressBurst": 400_000u64 }),
-    ] {
-        let mut limited_sandbox = tb.sandbox(limited);
-        limited_sandbox.capability_args.insert("bandwidth".into(), limit.clone());
-        let refused = format!("{:#}", rt.add(&shaped, &limited_sandbox).unwrap_err());
-        assert!(refused.contains("\"code\":102") && refused.contains("previous release's datapath"), "{refused}");
-        assert_eq!(tb.host_veths().unwrap().len(), 3, "the pod refused {limit} left its veth");
-        assert_eq!(tb.ifbs().unwrap(), Vec::<String>::new(), "the pod refused {limit} left an IFB");
-    }
+    let mut limited_sandbox = tb.sandbox(limited);
+    let (rate, burst) = (20_000_000u64, 400_000u64);
+    let limits = json!({ "ingressRate": rate, "ingressBurst": burst, "egressRate": rate, "egressBurst": burst });
+    limited_sandbox.capability_args.insert("bandwidth".into(), limits);
+    rt.add(&shaped, &limited_sandbox).unwrap();
+    rt.check(&shaped, &limited_sandbox).unwrap();
+    let ifb = tb.ifbs().unwrap().pop().expect("the limited pod has no IFB");
+    let veth = ifb.replacen("ecnb", "ecni", 1);
+    assert!(tb.ping(&ns(limited), &ip_fresh), "limited pod → new pod");
+    assert!(root_qdisc_packets(tb, &ifb) > 0, "the egress limit was skipped on the previous datapath");
+    assert!(root_qdisc_packets(tb, &veth) > 0, "the ingress limit was skipped on the previous datapath");
+    rt.del(&shaped, &limited_sandbox).unwrap();
+    assert_eq!(tb.host_veths().unwrap().len(), 3, "the limited pod's DEL left its veth");
+    assert_eq!(tb.ifbs().unwrap(), Vec::<String>::new(), "the limited pod's DEL left its IFB");
 
     let (sent, answered) = finish_pings(pings).unwrap();
     stop.store(true, Ordering::Relaxed);
@@ -222,11 +229,11 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     rt.del(&list, &sandboxes[old_a]).unwrap();
     rt.del(&list, &sandboxes[fresh]).unwrap();
     ebpf_cni_tests::run("ip", &["netns", "del", &ns(old_b)]).unwrap();
-    assert!(tb.pin_dir().join("v2").exists(), "the vanished pod still holds the previous layout");
+    assert!(tb.pin_dir().join(PREVIOUS_LAYOUT).exists(), "the vanished pod still holds the previous layout");
     // GC with nothing valid: the last attachment of the old layout and then its pins go.
     let gc = rt.gc(&list, &[]).unwrap();
     assert!(gc.iter().all(|out| out.success), "GC with no pod valid: {gc:?}");
-    assert!(!tb.pin_dir().join("v2").exists(), "GC left the pins of a layout no pod uses");
+    assert!(!tb.pin_dir().join(PREVIOUS_LAYOUT).exists(), "GC left the pins of a layout no pod uses");
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 
     // The network's next ADD loads this build's layout.
@@ -248,34 +255,44 @@ fn uplink_filters(tb: &Testbed) -> (usize, usize) {
     (count("egress"), count("ingress"))
 }
 
-/// The previous release's uplink programs (it attaches them with TCX links, pinned beside
-/// them): their ids, from their pins in the v2 directory.
+/// Packets the root qdisc of `dev` in node 1 has sent (a limit's TBF).
+fn root_qdisc_packets(tb: &Testbed, dev: &str) -> u64 {
+    let out = run_in(&tb.node.name, "tc", &["-s", "-j", "qdisc", "show", "dev", dev, "root"]).unwrap();
+    let qdiscs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    qdiscs[0]["packets"].as_u64().unwrap_or_else(|| panic!("no packet count for {dev}: {qdiscs}"))
+}
+
+/// The previous release's uplink programs: their ids, from their pins in its layout's directory.
 fn previous_uplink_programs(tb: &Testbed) -> Vec<u64> {
     ["to_uplink", "from_uplink"]
         .iter()
         .map(|name| {
-            let pin = tb.pin_dir().join("v2/progs").join(name);
+            let pin = tb.pin_dir().join(PREVIOUS_LAYOUT).join("progs").join(name);
             let out = ebpf_cni_tests::run("bpftool", &["-j", "prog", "show", "pinned", pin.to_str().unwrap()]).unwrap();
             serde_json::from_slice::<Value>(&out.stdout).unwrap()["id"].as_u64().unwrap()
         })
         .collect()
 }
 
-/// How many BPF links in the kernel run one of `programs` (ids are unique node-wide).
-fn links_running(programs: &[u64]) -> usize {
-    let out = ebpf_cni_tests::run("bpftool", &["-j", "link", "show"]).unwrap();
-    let links: Value = serde_json::from_slice(&out.stdout).unwrap();
-    links.as_array().unwrap().iter().filter(|l| l["prog_id"].as_u64().is_some_and(|id| programs.contains(&id))).count()
+/// How many of node 1's uplink filters run one of `programs` (ids are unique node-wide).
+fn filters_running(tb: &Testbed, programs: &[u64]) -> usize {
+    let out = run_in(&tb.node.name, "bpftool", &["-j", "net", "show"]).unwrap();
+    let net: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let filters = net[0]["tc"].as_array().cloned().unwrap_or_default();
+    filters
+        .iter()
+        .filter(|f| f["devname"] == "uplink0" && f["id"].as_u64().is_some_and(|id| programs.contains(&id)))
+        .count()
 }
 
-/// The last DEL of a network that still runs the previous release's datapath (layout v2, with
+/// The last DEL of a network that still runs the previous release's datapath (its layout, with
 /// masquerade), killed midway: after it unpinned `from_pod`, the mark of a complete load, and
-/// before it removed the rest of the v2 directory, the uplink's TCX links pinned there
-/// included (`del:mid-unload`).
+/// before it removed the uplink's filters running that layout's programs and the rest of its
+/// directory (`del:mid-unload`).
 /// That directory used to lock the network out for good: every ADD was refused with code 102
 /// ("holds pins of another ebpf-cni layout"), and neither the runtime's DEL retry nor GC removed
 /// it, as they only looked at this build's layout. Now whichever verb comes next (a new pod's
-/// ADD, the DEL's retry, a GC) finishes the removal, the previous layout's uplink links
+/// ADD, the DEL's retry, a GC) finishes the removal, the previous layout's uplink filters
 /// included; the ADD then loads this build's datapath and its pod reaches the outside.
 #[test]
 fn an_interrupted_last_del_of_the_previous_layout_does_not_lock_the_network_out() {
@@ -292,22 +309,23 @@ fn an_interrupted_last_del_of_the_previous_layout_does_not_lock_the_network_out(
         tb.plugin = base.clone();
         let old = tb.new_pod().unwrap();
         tb.add(old).unwrap();
-        assert!(tb.pin_dir().join("v2/progs/from_pod").exists(), "{next}: the previous release pins layout v2");
+        let old_dir = tb.pin_dir().join(PREVIOUS_LAYOUT);
+        assert!(old_dir.join("progs/from_pod").exists(), "{next}: the previous release's layout");
         let previous = previous_uplink_programs(tb);
-        assert_eq!(links_running(&previous), 2, "{next}: the previous release's uplink links");
+        assert_eq!(filters_running(tb, &previous), 2, "{next}: the previous release's uplink filters");
         tb.plugin = new.clone();
         crash::killed_at(tb, old, "DEL", crash::LAST_DEL_STEP);
         assert!(
-            tb.pin_dir().join("v2").exists() && !tb.pin_dir().join("v2/progs/from_pod").exists(),
+            old_dir.exists() && !old_dir.join("progs/from_pod").exists(),
             "{next}: the DEL was not interrupted midway"
         );
-        assert_eq!(links_running(&previous), 2, "{next}: the previous layout's uplink links were already gone");
+        assert_eq!(filters_running(tb, &previous), 2, "{next}: the previous layout's uplink filters were already gone");
         match next {
             "ADD" => {
                 let pod = tb.new_pod().unwrap();
                 let out = tb.cni("ADD", pod, &tb.conf("1.1.0")).unwrap();
                 assert!(out.success, "ADD after the interrupted DEL: {} {}", out.stdout, out.stderr);
-                assert!(!tb.pin_dir().join("v2").exists(), "ADD left the previous layout's pins");
+                assert!(!old_dir.exists(), "ADD left the previous layout's pins");
                 assert!(tb.version_dir().join("progs/from_pod").exists(), "this build's layout was not loaded");
                 assert_eq!(uplink_filters(tb), (1, 1), "one filter each way: this build's");
                 assert!(tb.ping(&tb.pods[pod].netns.name, EXT_SERVER), "the new pod → outside");
@@ -322,8 +340,8 @@ fn an_interrupted_last_del_of_the_previous_layout_does_not_lock_the_network_out(
                 assert!(out.success, "GC: {} {}", out.stdout, out.stderr);
             }
         }
-        assert!(!tb.pin_dir().join("v2").exists(), "{next} left the previous layout's pins");
-        assert_eq!(links_running(&previous), 0, "{next}: the previous layout's uplink links stay");
+        assert!(!old_dir.exists(), "{next} left the previous layout's pins");
+        assert_eq!(filters_running(tb, &previous), 0, "{next}: the previous layout's uplink filters stay");
         assert_eq!(uplink_filters(tb), (0, 0), "{next}: filters left on the uplink");
         assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new(), "{next}");
     }

@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 
 use crate::{cargo_output, cmd};
 
-/// The release before this one's layout (v2), the one nodes upgrade from.
-pub const COMMIT: &str = "6049e79";
+/// The release before this one's layout (v3), the one nodes upgrade from.
+pub const COMMIT: &str = "52899e9";
 
 /// Builds (or finds) the previous release's debug binary and returns its path.
 pub fn build() -> Result<PathBuf> {

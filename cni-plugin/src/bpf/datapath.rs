@@ -77,12 +77,6 @@ impl Datapath {
         }
     }
 
-    /// Whether the network's programs are the previous release's (its layout stays, for the
-    /// pods it serves, until the last of them is deleted).
-    pub fn runs_previous_layout(&self) -> bool {
-        self.pins.is_previous()
-    }
-
     pub fn is_loaded(&self) -> bool {
         // The program is pinned last, so its pin means maps and program are all there.
         self.pins.program(names::FROM_POD).exists()
@@ -189,10 +183,6 @@ impl Datapath {
     /// `to_pod` goes on the egress: it sees what the node's stack delivers into the pod.
     pub fn attach(&self, host_ifname: &str) -> CniResult<()> {
         for (name, direction) in [(names::TO_POD, TcAttachType::Egress), (names::FROM_POD, TcAttachType::Ingress)] {
-            // The previous layout has no `to_pod`.
-            if self.pins.is_previous() && !self.pins.program(name).exists() {
-                continue;
-            }
             let mut program = SchedClassifier::from_pin(self.pins.program(name))
                 .cni(ErrorCode::DATAPATH, format!("cannot open pinned {name}"))?;
             attach_filter(&mut program, host_ifname, direction)?;

@@ -68,10 +68,9 @@ impl Datapath {
         self.finish_interrupted_unload(node).await?;
         self.refuse_other_layouts()?;
         // A load interrupted before the last pin leaves some pins behind, and maybe filters on
-        // the uplink running its programs: start over. (`uplink` held the TCX links of builds
-        // before 2026-11-23, with the same layout.)
+        // the uplink running its programs: start over.
         self.detach_uplink(node).await?;
-        for dir in ["maps", "progs", "uplink"] {
+        for dir in ["maps", "progs"] {
             let _ = fs::remove_dir_all(self.pins.version_dir().join(dir));
         }
         for dir in ["maps", "progs"] {
@@ -162,18 +161,9 @@ impl Datapath {
     /// rather than silently ignored.
     fn check_settings(&self, wanted: &DatapathConfig) -> CniResult<()> {
         let loaded = self.recorded_settings()?.ok_or_else(|| internal("SETTINGS is not pinned"))?;
+        // The previous layout's settings are this build's struct, resolved from a configuration
+        // the same way: compared whole, as this build's own.
         if comparable(&loaded) == comparable(wanted) {
-            return Ok(());
-        }
-        // The previous layout's programs run this network until its last pod is gone: they
-        // have their own port range and none of this build's newer settings to compare.
-        let without_ports =
-            |c: &DatapathConfig| DatapathConfig { port_min: 0, port_max: 0, pod_flows_per_minute: 0, ..comparable(c) };
-        if self.pins.is_previous() && without_ports(&loaded) == without_ports(wanted) {
-            log::info!(
-                "network runs the datapath of layout v{} (loaded before an upgrade) until its last pod is gone",
-                self.pins.version()
-            );
             return Ok(());
         }
         Err(CniError::new(

@@ -9,9 +9,12 @@ use std::path::{Path, PathBuf};
 
 use ebpf_common::{PIN_LAYOUT_VERSION, names};
 
-/// The layout before this build's: its maps have the same keys and values (this build only
-/// named some of their padding bytes), so this build can add and remove its pods' entries.
-pub const PREVIOUS_LAYOUT_VERSION: u32 = 2;
+/// The layout before this build's (releases 5b4a135 and 52899e9). Its `SETTINGS` is the same
+/// struct; `FRAGMENTS`, whose value grew, the plugin never opens; `Endpoint` has the same size,
+/// its stack bytes (v3: `stack_replies`, `stack_peers`) written zero by the plugin either way.
+/// So this build adds and removes its pods' entries in v3's maps. Maps newer than v3 are absent
+/// from its pins, as `FEATURES` is from 5b4a135's.
+pub const PREVIOUS_LAYOUT_VERSION: u32 = 3;
 
 pub struct Pins {
     network_dir: PathBuf,

@@ -111,27 +111,9 @@ pub fn loaded_at(pins: &Pins) -> Result<Option<u64>> {
     Ok(info.loaded_at().and_then(|t: SystemTime| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs()))
 }
 
-/// The settings the network's programs were loaded with (`SETTINGS`), in this build's layout or
-/// the previous one's (a prefix of it: the fields it lacks read as zero, "none").
+/// The settings the network's programs were loaded with (`SETTINGS`). The previous layout's
+/// `DatapathConfig` is this build's, so either reads as it is.
 pub fn settings(pins: &Pins) -> Result<DatapathConfig> {
-    let map = open_map(pins, names::SETTINGS)?;
-    if !pins.is_previous() {
-        let array: Array<_, DatapathConfig> = Array::try_from(map)?;
-        return array.get(&0, 0).context("reading SETTINGS");
-    }
-    let array: Array<_, [u8; PREVIOUS_SETTINGS_LEN]> = Array::try_from(map)?;
-    let b = array.get(&0, 0).context("reading SETTINGS")?;
-    Ok(DatapathConfig {
-        cluster_ipv4: [b[0], b[1], b[2], b[3]],
-        cluster_prefix: b[4],
-        masquerade: b[5],
-        node_ipv4: [b[8], b[9], b[10], b[11]],
-        uplink_ifindex: u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
-        port_min: u16::from_ne_bytes([b[16], b[17]]),
-        port_max: u16::from_ne_bytes([b[18], b[19]]),
-        ..DatapathConfig::default()
-    })
+    let array: Array<_, DatapathConfig> = Array::try_from(open_map(pins, names::SETTINGS)?)?;
+    array.get(&0, 0).context("reading SETTINGS")
 }
-
-/// Size of the previous layout's `DatapathConfig`: up to and including `port_max`.
-const PREVIOUS_SETTINGS_LEN: usize = 20;

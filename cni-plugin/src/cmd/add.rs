@@ -178,18 +178,9 @@ impl Setup<'_> {
         let datapath = Datapath::lock(&root, &self.conf.name)?;
         datapath.ensure_loaded(&settings, self.node).await?;
         let bandwidth = &self.request.bandwidth;
-        // Both limits need this build's programs: delivery through the host veth for ingress,
-        // the way through the IFB for egress (see `ENDPOINT_EGRESS_SHAPED`).
-        if (bandwidth.ingress.is_some() || bandwidth.egress.is_some()) && datapath.runs_previous_layout() {
-            return Err(CniError::new(
-                ErrorCode::DATAPATH,
-                format!(
-                    "network {} still runs the previous release's datapath, which has no bandwidth limits",
-                    self.conf.name
-                ),
-            )
-            .with_details("its programs stay until the last pod they serve is deleted; add limited pods after that"));
-        }
+        // Every datapath this build attaches to, the previous layout's (5b4a135, 52899e9) too,
+        // honours an ingress limit (`ENDPOINT_SHAPED`). Egress shaping came after 5b4a135, within
+        // layout v3: 5b4a135's programs lack its `FEATURES` bit (and the map).
         if bandwidth.egress.is_some() && !datapath.shapes_egress() {
             return Err(CniError::new(
                 ErrorCode::DATAPATH,
