@@ -3,7 +3,7 @@
 //! million runs of one ACK, whose mean the kernel reports), at three moments: before any Service
 //! used the pod, while a Service connection to it lives (its packets are looked up in `FLOWS`
 //! first, so that the connection's replies take the stack), and once that connection is gone
-//! (reset, aged as conntrack ages it, then two GCs: the pod's stack epoch lapses). A build whose
+//! (reset by the pod, aged as conntrack ages it, then two GCs: the pod's stack epoch lapses). A build whose
 //! pods' marks never clear stays at the second figure. bridge has no such program: its cost of a
 //! Service is conntrack's, on every packet, always.
 use std::{
@@ -78,10 +78,11 @@ fn one_round(ours: &Plugin) -> Result<[f64; 3]> {
     };
     traffic::ask_tcp(&mut conn).ok();
     let serving = timed(node)?;
-    // Reset, as an aborted client does: the entry ages in conntrack's CLOSE time.
-    socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO))?;
-    drop(conn);
+    // Reset by the server pod itself (a peer's RST is not trusted to end an entry): the entry
+    // ages in conntrack's CLOSE time.
+    socket2::SockRef::from(&accepted).set_linger(Some(Duration::ZERO))?;
     drop(accepted);
+    drop(conn);
     std::thread::sleep(Duration::from_nanos(FLOW_TIMEOUT_TCP_RST_NS + 500_000_000));
     node.gc(&valid)?;
     node.gc(&valid)?;

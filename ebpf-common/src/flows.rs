@@ -75,8 +75,9 @@ pub const FLOW_CONFIRM_WINDOW_NS: u64 = 2 * 1_000_000_000;
 pub const FLOW_FIN: u32 = 8;
 /// The same for the pod's own RST: [`FLOW_TIMEOUT_TCP_RST_NS`], conntrack's `CLOSE` (10 s).
 pub const FLOW_RST: u32 = 16;
-pub const FLOW_TIMEOUT_TCP_FIN_NS: u64 = 120 * 1_000_000_000;
-pub const FLOW_TIMEOUT_TCP_RST_NS: u64 = 10 * 1_000_000_000;
+/// Conntrack's times plus 2 s: an entry's `last_seen_ns` is written at most once a second.
+pub const FLOW_TIMEOUT_TCP_FIN_NS: u64 = 122 * 1_000_000_000;
+pub const FLOW_TIMEOUT_TCP_RST_NS: u64 = 12 * 1_000_000_000;
 
 /// How long a `FLOWS` entry of `protocol` with `flags` holds without a packet; the programs and
 /// the agent judge liveness alike.

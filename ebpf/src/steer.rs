@@ -188,6 +188,9 @@ pub fn via_stack(ctx: &TcContext, flagged: bool, owner: u64, trusted: bool) -> b
     match Flow::parse(ctx) {
         Ok(flow) if flow.first_fragment => true,
         Ok(flow) if trusted && flow.opens() => {
+            // Both ways, whoever's: the reply entry is the peer's (a Service's endpoint, whose
+            // replies would take the stack, where conntrack never saw this SYN). Either holds
+            // this pod's own address (its source is checked): it ends only its own flows.
             let _ = maps::FLOWS.remove(&flow.key());
             let _ = maps::FLOWS.remove(&flow.reply_key());
             false

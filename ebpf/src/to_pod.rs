@@ -42,11 +42,14 @@ pub fn egress(ctx: &TcContext) -> i32 {
     if config.uplink_ifindex == 0 && maps::endpoint(&IpKey::v4(src)).is_none() {
         return packet::PASS;
     }
-    let Ok(flow) = flow::Flow::parse(ctx) else { return packet::PASS };
     let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v4(dst)) else { return packet::PASS };
     // SAFETY: a hash map value, valid while this program runs.
     unsafe {
-        steer::record_stack(&flow.reply_key(), (*pod).owner, flow.tcp_flags, false);
+        if let Ok(flow) = flow::Flow::parse(ctx) {
+            steer::record_stack(&flow.reply_key(), (*pod).owner, flow.tcp_flags, false);
+        }
+        // Also for a packet without ports (SCTP, a later fragment): no entry tells its flow, and
+        // a marked pod's such packets all take the stack; the mark holds while they keep coming.
         stack_epoch::mark(pod);
     }
     packet::PASS
@@ -96,11 +99,12 @@ fn ipv6(ctx: &TcContext) -> i32 {
     if config.uplink_ifindex == 0 && maps::endpoint(&IpKey::v6(src)).is_none() {
         return packet::PASS;
     }
-    let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
     let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v6(dst)) else { return packet::PASS };
     // SAFETY: as for IPv4.
     unsafe {
-        steer::record_stack(&flow.reply_key(), (*pod).owner, flow.tcp_flags, false);
+        if let Ok(flow) = Flow6::parse(ctx) {
+            steer::record_stack(&flow.reply_key(), (*pod).owner, flow.tcp_flags, false);
+        }
         stack_epoch::mark(pod);
     }
     packet::PASS

@@ -36,7 +36,12 @@ pub fn egress(ctx: &TcContext) -> i32 {
     let flow = match flow::Flow::parse(ctx) {
         Ok(flow) => flow,
         // Inside the cluster nothing is translated: fragments and other protocols go as they are.
-        Err(_) if config.in_cluster(dst) => return packet::PASS,
+        // A marked pod's such packets take the stack both ways: the mark holds while they come.
+        Err(_) if config.in_cluster(dst) => {
+            // SAFETY: a hash map value, valid while this program runs.
+            unsafe { stack_epoch::mark(pod) };
+            return packet::PASS;
+        }
         // SAFETY: a hash map value, valid while this program runs.
         Err(DropReason::NatUntranslatable) => return fragments::egress(ctx, unsafe { (*pod).owner }),
         Err(reason) => return maps::drop(ctx, reason),

@@ -55,7 +55,7 @@ fn run_repeated(
     frame: Vec<u8>,
     repeat: u32,
 ) -> anyhow::Result<(u32, Vec<u8>, Duration)> {
-    let pin = tb.version_dir().join("progs").join(name);
+    let pin = tb.loaded_version_dir().join("progs").join(name);
     let ifname = CString::new(ifname).unwrap();
     let arrived_on = arrived_on.map(|name| CString::new(name).unwrap());
     in_netns(&tb.node.name, move || {
@@ -119,7 +119,7 @@ pub fn run_checksum_complete(tb: &Testbed, name: &str, ifname: &str, frame: Vec<
     use std::os::fd::{AsFd as _, AsRawFd as _};
     const BPF_PROG_TEST_RUN: libc::c_long = 10;
     const BPF_F_TEST_SKB_CHECKSUM_COMPLETE: u32 = 1 << 2;
-    let pin = tb.version_dir().join("progs").join(name);
+    let pin = tb.loaded_version_dir().join("progs").join(name);
     let ifname = CString::new(ifname).unwrap();
     in_netns(&tb.node.name, move || {
         // SAFETY: a NUL-terminated name.

@@ -114,6 +114,15 @@ impl Testbed {
         self.pin_dir().join(format!("v{}", ebpf_common::PIN_LAYOUT_VERSION))
     }
 
+    /// The version directory the network's programs are pinned in: this build's layout, or
+    /// the previous one's while the plugin under test is a release of it (benchmarks of a
+    /// release run its programs through these helpers too).
+    pub fn loaded_version_dir(&self) -> PathBuf {
+        let own = self.version_dir();
+        let previous = self.pin_dir().join(format!("v{}", ebpf_common::PIN_LAYOUT_VERSION - 1));
+        if !own.exists() && previous.exists() { previous } else { own }
+    }
+
     pub fn map_pin(&self, map: &str) -> PathBuf {
         self.version_dir().join("maps").join(map)
     }

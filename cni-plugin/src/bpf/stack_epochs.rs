@@ -35,28 +35,32 @@ pub fn renew_stack_epochs(root: &Path, network: &str) -> CniResult<Renewed> {
     if !nat::has_feature(&pins, FEATURE_STACK_EPOCHS) {
         return Ok(Renewed::default());
     }
+    // The maps themselves, opened once: should the datapath be unloaded and loaded again while
+    // this runs, the writes below go to the old maps, which nothing reads any more, and never
+    // advance the new epoch past marks this scan did not see.
+    let mut slot: Array<_, u32> = Array::try_from(open(&pins, names::STACK_EPOCH)?)
+        .cni(ErrorCode::DATAPATH, "pinned STACK_EPOCH has another layout")?;
+    let mut endpoints: HashMap<_, IpKey, Endpoint> = HashMap::try_from(open(&pins, names::ENDPOINTS)?)
+        .cni(ErrorCode::DATAPATH, "pinned ENDPOINTS has another layout")?;
     // Read before the flows: any flow the scan below misses was marked with this epoch plus one.
-    let epoch = read_epoch(&pins)?;
+    let epoch = read_epoch(&slot)?;
     let owners = owners_with_stack_flows(&pins)?;
     let renewed_mark = epoch + 2;
-    let stale: Vec<(IpKey, u64)> = super::read::endpoint_entries(&pins)
-        .cni(ErrorCode::DATAPATH, "cannot read ENDPOINTS")?
-        .into_iter()
+    let stale: Vec<(IpKey, u64)> = endpoints
+        .iter()
+        .filter_map(Result::ok)
         .filter(|(_, e)| owners.contains(&e.owner) && e.stack_epoch < renewed_mark)
         .map(|(key, e)| (key, e.owner))
         .collect();
 
-    let locked = Datapath::lock(root, network)?;
-    let pins = &locked.pins;
-    // A new load (its own epoch) or another renewal came first: nothing to advance here.
-    if !nat::has_feature(pins, FEATURE_STACK_EPOCHS) || read_epoch(pins)? != epoch {
+    // Under the lock no ADD or DEL changes an entry; the programs only move marks up.
+    let _locked = Datapath::lock(root, network)?;
+    // Another renewal (GC beside the agent) advanced first: its scan covered this one's.
+    if read_epoch(&slot)? != epoch {
         return Ok(Renewed::default());
     }
-    let mut endpoints: HashMap<_, IpKey, Endpoint> = HashMap::try_from(open(pins, names::ENDPOINTS)?)
-        .cni(ErrorCode::DATAPATH, "pinned ENDPOINTS has another layout")?;
     let mut renewed = 0;
     for (key, owner) in &stale {
-        // Under the lock no ADD or DEL changes the entry; the programs only move its mark up.
         let Ok(mut entry) = endpoints.get(key, 0) else { continue };
         if entry.owner != *owner {
             continue;
@@ -66,15 +70,11 @@ pub fn renew_stack_epochs(root: &Path, network: &str) -> CniResult<Renewed> {
             renewed += 1;
         }
     }
-    let mut slot: Array<_, u32> = Array::try_from(open(pins, names::STACK_EPOCH)?)
-        .cni(ErrorCode::DATAPATH, "pinned STACK_EPOCH has another layout")?;
     slot.set(STACK_EPOCH_SLOT, epoch + 1, 0).cni(ErrorCode::DATAPATH, "cannot advance STACK_EPOCH")?;
     Ok(Renewed { endpoints: renewed, epoch: Some(epoch + 1) })
 }
 
-fn read_epoch(pins: &Pins) -> CniResult<u32> {
-    let slot: Array<_, u32> = Array::try_from(open(pins, names::STACK_EPOCH)?)
-        .cni(ErrorCode::DATAPATH, "pinned STACK_EPOCH has another layout")?;
+fn read_epoch(slot: &Array<MapData, u32>) -> CniResult<u32> {
     slot.get(&STACK_EPOCH_SLOT, 0).cni(ErrorCode::DATAPATH, "cannot read STACK_EPOCH")
 }
 
