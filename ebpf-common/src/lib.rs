@@ -67,6 +67,7 @@ pub mod names {
     pub const FEATURES: &str = "FEATURES";
     pub const NAT_SHARES: &str = "NAT_SHARES";
     pub const STACK_EPOCH: &str = "STACK_EPOCH";
+    pub const NODE_ECHOES: &str = "NODE_ECHOES";
     /// The global holding [`crate::DatapathConfig`].
     pub const CONFIG: &str = "CONFIG";
 }

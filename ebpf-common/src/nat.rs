@@ -87,6 +87,10 @@ pub struct FragmentEntry {
 /// but it may be lost).
 pub const FRAGMENT_TIMEOUT_NS: u64 = 2 * 1_000_000_000;
 
+/// Capacity of `NODE_ECHOES`: the node's own pings to distinct destinations and identifiers
+/// within 30 s. LRU: a node pings a handful of hosts. 1 Ki entries of 40 + 8 bytes.
+pub const NODE_ECHOES_MAX_ENTRIES: u32 = 1_024;
+
 /// Capacity of `FRAGMENTS`: datagrams in flight in fragments at once, both ways. LRU: a datagram
 /// is done within milliseconds, and the oldest is forgotten first. 4 Ki entries of 40 + 32 bytes.
 pub const FRAGMENTS_MAX_ENTRIES: u32 = 4_096;

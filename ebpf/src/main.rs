@@ -38,6 +38,8 @@ mod maps;
 #[cfg(target_arch = "bpf")]
 mod ndp;
 #[cfg(target_arch = "bpf")]
+mod node_echoes;
+#[cfg(target_arch = "bpf")]
 mod node_sockets;
 #[cfg(target_arch = "bpf")]
 mod packet;

@@ -9,7 +9,7 @@ use aya_ebpf::{
 use ebpf_common::{
     Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
     FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, IpKey, NAT_MAX_ENTRIES, NAT_SHARES_MAX_ENTRIES,
-    NatEntry, POD_FLOWS_MAX_ENTRIES, PodFlows, Share, ShareKey,
+    NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES, PodFlows, Share, ShareKey,
 };
 
 /// Hash maps whose entries are allocated when inserted: creating a preallocated map of 65,536
@@ -28,6 +28,11 @@ pub static NAT: LruHashMap<FlowKey, NatEntry, { NAT_MAX_ENTRIES as usize }> = Lr
 /// Fragmented masqueraded datagrams, both ways (see `fragments.rs`). LRU.
 #[btf_map]
 pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentEntry, { FRAGMENTS_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+/// The node's own echo requests, keyed like a masqueraded echo's reply (`node_echoes.rs`) →
+/// when the last left. LRU.
+#[btf_map]
+pub static NODE_ECHOES: LruHashMap<FlowKey, u64, { NODE_ECHOES_MAX_ENTRIES as usize }> = LruHashMap::new();
 
 /// New masqueraded flows per pod in the current minute, by owner (see `pod_flows.rs`).
 #[btf_map]

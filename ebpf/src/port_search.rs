@@ -16,7 +16,7 @@ use ebpf_common::{
 use crate::{
     flow::{PROTO_ICMP, PROTO_TCP},
     flow6::PROTO_ICMPV6,
-    maps,
+    maps, node_echoes,
 };
 
 /// Searches a caller keeps across tries for one new flow: at most this many, each ending at its
@@ -113,6 +113,10 @@ fn random_candidate(port_min: u16, span: u32, skip: u32) -> Option<u16> {
 /// holds nothing.
 #[inline(always)]
 fn claim(key: &FlowKey, reply: &NatEntry, take_idle: bool) -> bool {
+    // An identifier the node's own ping to this destination uses (`node_echoes.rs`).
+    if node_echoes::holds(key) {
+        return false;
+    }
     let Some(held) = maps::NAT.get_ptr(key) else {
         return maps::NAT.insert(key, reply, u64::from(BPF_NOEXIST)).is_ok();
     };

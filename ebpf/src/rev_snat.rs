@@ -6,7 +6,7 @@ use ebpf_common::{DatapathConfig, ForwardPath, IpKey};
 
 use crate::{
     flow::{self, Flow},
-    fragments, icmp_error, maps, packet,
+    fragments, icmp_error, maps, node_echoes, packet,
     rewrite::{Side, rewrite},
     snat,
 };
@@ -24,7 +24,12 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
     if !config.is_masq_port(flow.dst_port) {
         return packet::PASS;
     }
-    let Some(entry) = maps::NAT.get_ptr_mut(&flow.key()) else { return packet::PASS };
+    let key = flow.key();
+    // The node's own ping's reply, whichever pod's flow has the identifier too.
+    if node_echoes::holds(&key) {
+        return packet::PASS;
+    }
+    let Some(entry) = maps::NAT.get_ptr_mut(&key) else { return packet::PASS };
     // SAFETY: an LRU value, valid while this program runs.
     let (addr, port, owner) = unsafe { ((*entry).addr, (*entry).port, (*entry).owner) };
     let pod = flow::v4_from_16(addr);

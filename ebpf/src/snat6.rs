@@ -7,7 +7,7 @@ use ebpf_common::{DatapathConfig, DropReason, ForwardPath, IpKey, NAT_EGRESS, NA
 
 use crate::{
     flow6::{self, Flow6},
-    maps, node_sockets, packet, pod_flows,
+    maps, node_echoes, node_sockets, packet, pod_flows,
     port_search::{PortSearch, SOCKET_SEARCHES},
     rewrite::Side,
     rewrite6::rewrite,
@@ -57,6 +57,10 @@ pub fn reply(ctx: &TcContext, config: &DatapathConfig) -> i32 {
     // Anything without ports is the node's (ICMPv6 errors went to `icmp_error6`).
     let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
     if !config.is_masq_port(flow.key.dst_port) {
+        return packet::PASS;
+    }
+    // The node's own ping's reply, whichever pod's flow has the identifier too.
+    if node_echoes::holds(&flow.key) {
         return packet::PASS;
     }
     let Some(entry) = maps::NAT.get_ptr_mut(&flow.key) else { return packet::PASS };

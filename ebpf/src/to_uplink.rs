@@ -11,7 +11,7 @@
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, FAST_PATH_MARK, ForwardPath, IpKey};
 
-use crate::{config, flow, fragments, maps, packet, snat, stack_epoch, steer};
+use crate::{config, flow, fragments, maps, node_echoes, packet, snat, stack_epoch, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -27,6 +27,12 @@ pub fn egress(ctx: &TcContext) -> i32 {
     let config = config::get();
     if config.in_node_pods(dst) {
         return maps::drop(ctx, DropReason::NotAPod);
+    }
+    if src == config.node_ipv4 && config.masquerade != 0 {
+        if let Ok(flow) = flow::Flow::parse(ctx) {
+            node_echoes::note(&flow, config.port_min, config.port_max);
+        }
+        return packet::PASS;
     }
     // Only our pods' packets; never multicast or broadcast.
     if !config.in_cluster(src) || dst[0] >= 224 {

@@ -11,7 +11,8 @@ use ebpf_common::{DropReason, ENDPOINT_LINK_LOCAL, FAST_PATH_MARK, ForwardPath, 
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{
-    config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, packet, snat::Outcome, snat6, stack_epoch, steer,
+    config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, node_echoes, packet, snat::Outcome, snat6,
+    stack_epoch, steer,
 };
 
 /// Source and destination of the IPv6 packet in hand, read in place (copies would cost stack).
@@ -33,6 +34,12 @@ pub fn egress(ctx: &TcContext) -> i32 {
     let Some((src, dst)) = addresses(ctx) else { return packet::PASS };
     if config.in_node_pods6(dst) {
         return maps::drop(ctx, DropReason::NotAPod);
+    }
+    if config.masquerades6() && *src == config.node_ipv6 {
+        if let Ok(flow) = Flow6::parse(ctx) {
+            node_echoes::note6(&flow, config.port_min, config.port_max);
+        }
+        return packet::PASS;
     }
     if !config.in_cluster6(src) || ipv6::is_link_scope(dst) {
         return packet::PASS;

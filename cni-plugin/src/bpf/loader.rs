@@ -31,7 +31,7 @@ const OBJECT_NEEDS_KERNEL_BTF: bool = false;
 const VERIFY_ORDER: [&str; 6] =
     [names::TO_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK, names::FROM_UPLINK6, names::FROM_POD, names::TO_POD];
 
-const MAPS: [&str; 11] = [
+const MAPS: [&str; 12] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -43,6 +43,7 @@ const MAPS: [&str; 11] = [
     names::FEATURES,
     names::NAT_SHARES,
     names::STACK_EPOCH,
+    names::NODE_ECHOES,
 ];
 
 impl Datapath {
