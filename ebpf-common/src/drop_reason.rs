@@ -42,11 +42,15 @@ pub enum DropReason {
     /// The pod holds as many masqueraded flows as it may, in total or towards this destination
     /// (`NAT_SHARES`): its new flow gets no port, so the others keep theirs.
     NatPodShare = 13,
+    /// A `connect` or UDP send to a Service with no endpoint (socket LB): refused at once with
+    /// `ECONNREFUSED`, as kube-proxy's REJECT rule answers, rather than left to time out.
+    /// Counted per refused call (`bytes` stays 0: no packet was built).
+    ServiceNoEndpoint = 14,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 14] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -60,6 +64,7 @@ impl DropReason {
         Self::Loopback,
         Self::SpoofedUplinkSource,
         Self::NatPodShare,
+        Self::ServiceNoEndpoint,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -80,6 +85,7 @@ impl DropReason {
             Self::Loopback => "loopback",
             Self::SpoofedUplinkSource => "spoofed-uplink-source",
             Self::NatPodShare => "nat-pod-share",
+            Self::ServiceNoEndpoint => "service-no-endpoint",
         }
     }
 

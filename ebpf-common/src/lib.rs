@@ -11,6 +11,7 @@ mod endpoint;
 mod flows;
 mod forward_path;
 mod nat;
+mod service;
 mod shares;
 
 pub use config::DatapathConfig;
@@ -22,6 +23,7 @@ pub use endpoint::{
 pub use flows::*;
 pub use forward_path::ForwardPath;
 pub use nat::*;
+pub use service::*;
 pub use shares::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
@@ -68,6 +70,22 @@ pub mod names {
     pub const NAT_SHARES: &str = "NAT_SHARES";
     pub const STACK_EPOCH: &str = "STACK_EPOCH";
     pub const NODE_ECHOES: &str = "NODE_ECHOES";
+    pub const SVC_FRONTENDS: &str = "SVC_FRONTENDS";
+    pub const SVC_BACKENDS: &str = "SVC_BACKENDS";
+    pub const SVC_AFFINITY: &str = "SVC_AFFINITY";
+    pub const SVC_SOCKETS: &str = "SVC_SOCKETS";
+    pub const SVC_COUNTERS: &str = "SVC_COUNTERS";
+    /// The socket LB's programs (`cgroup/<hook>` sections), in attach order.
+    pub const SOCKET_LB: [&str; 8] = [
+        "svc_connect4",
+        "svc_connect6",
+        "svc_sendmsg4",
+        "svc_sendmsg6",
+        "svc_recvmsg4",
+        "svc_recvmsg6",
+        "svc_getpeername4",
+        "svc_getpeername6",
+    ];
     /// The global holding [`crate::DatapathConfig`].
     pub const CONFIG: &str = "CONFIG";
 }
@@ -87,4 +105,12 @@ mod pod {
     unsafe impl aya::Pod for crate::ShareKey {}
     unsafe impl aya::Pod for crate::Share {}
     unsafe impl aya::Pod for crate::DatapathConfig {}
+    unsafe impl aya::Pod for crate::ServiceKey {}
+    unsafe impl aya::Pod for crate::Service {}
+    unsafe impl aya::Pod for crate::BackendKey {}
+    unsafe impl aya::Pod for crate::Backend {}
+    unsafe impl aya::Pod for crate::AffinityKey {}
+    unsafe impl aya::Pod for crate::Affinity {}
+    unsafe impl aya::Pod for crate::SocketKey {}
+    unsafe impl aya::Pod for crate::SocketService {}
 }

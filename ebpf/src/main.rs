@@ -3,7 +3,7 @@
 //! `arp.rs`, `ipv6.rs`, `ndp.rs`, `deliver.rs`, `fib.rs`, `steer.rs`, `snat.rs`, `rev_snat.rs`,
 //! `icmp_error.rs`, `checksum.rs`, `fragments.rs`, `node_sockets.rs`, `pod_flows.rs`, `shares.rs`,
 //! `port_search.rs`; for IPv6 on the uplink `uplink6.rs`, `snat6.rs`, `flow6.rs`, `rewrite6.rs`,
-//! `icmp_error6.rs`).
+//! `icmp_error6.rs`). The socket LB's cgroup programs: `service/`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -53,6 +53,8 @@ mod rev_snat;
 mod rewrite;
 #[cfg(target_arch = "bpf")]
 mod rewrite6;
+#[cfg(target_arch = "bpf")]
+mod service;
 #[cfg(target_arch = "bpf")]
 mod shares;
 #[cfg(target_arch = "bpf")]
@@ -108,6 +110,56 @@ mod programs {
     #[classifier]
     pub fn from_uplink6(ctx: TcContext) -> i32 {
         crate::uplink6::ingress(&ctx)
+    }
+
+    /// The socket LB (`service/`): cgroup `sock_addr` hooks, attached at the node file's
+    /// `cgroupRoot` when it sets `kubeProxyReplacement`. Programs of their own, not more code
+    /// in the TC ones: each has its own 512-byte stack and verifier budget.
+    mod socket_lb {
+        use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+        use ebpf_common::{FAMILY_IPV4, FAMILY_IPV6, ServiceEvent};
+
+        use crate::service::{reverse::reverse, translate::translate};
+
+        #[cgroup_sock_addr(connect4)]
+        pub fn svc_connect4(ctx: SockAddrContext) -> i32 {
+            translate(&ctx, FAMILY_IPV4, ServiceEvent::Connect)
+        }
+
+        #[cgroup_sock_addr(connect6)]
+        pub fn svc_connect6(ctx: SockAddrContext) -> i32 {
+            translate(&ctx, FAMILY_IPV6, ServiceEvent::Connect)
+        }
+
+        #[cgroup_sock_addr(sendmsg4)]
+        pub fn svc_sendmsg4(ctx: SockAddrContext) -> i32 {
+            translate(&ctx, FAMILY_IPV4, ServiceEvent::Sendmsg)
+        }
+
+        #[cgroup_sock_addr(sendmsg6)]
+        pub fn svc_sendmsg6(ctx: SockAddrContext) -> i32 {
+            translate(&ctx, FAMILY_IPV6, ServiceEvent::Sendmsg)
+        }
+
+        #[cgroup_sock_addr(recvmsg4)]
+        pub fn svc_recvmsg4(ctx: SockAddrContext) -> i32 {
+            reverse(&ctx, FAMILY_IPV4, ServiceEvent::Recvmsg)
+        }
+
+        #[cgroup_sock_addr(recvmsg6)]
+        pub fn svc_recvmsg6(ctx: SockAddrContext) -> i32 {
+            reverse(&ctx, FAMILY_IPV6, ServiceEvent::Recvmsg)
+        }
+
+        #[cgroup_sock_addr(getpeername4)]
+        pub fn svc_getpeername4(ctx: SockAddrContext) -> i32 {
+            reverse(&ctx, FAMILY_IPV4, ServiceEvent::Getpeername)
+        }
+
+        #[cgroup_sock_addr(getpeername6)]
+        pub fn svc_getpeername6(ctx: SockAddrContext) -> i32 {
+            reverse(&ctx, FAMILY_IPV6, ServiceEvent::Getpeername)
+        }
     }
 
     #[panic_handler]

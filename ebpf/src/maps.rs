@@ -107,3 +107,12 @@ pub fn forwarded(ctx: &TcContext, path: ForwardPath, verdict: i32) -> i32 {
     }
     verdict
 }
+
+/// Counts an event that is no packet (a refused connect): `packets` counts it, `bytes` stays.
+#[inline(always)]
+pub fn count_drop_event(reason: DropReason) {
+    if let Some(counter) = METRICS.get_ptr_mut(reason as u32) {
+        // SAFETY: a per-CPU slot, only touched by this CPU while the program runs.
+        unsafe { (*counter).packets += 1 };
+    }
+}

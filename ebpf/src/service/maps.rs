@@ -1,0 +1,47 @@
+//! The socket LB's maps (layouts and sizes in `ebpf-common/src/service.rs`), pinned with the
+//! network's others. Written by the plugin's service writer, except `SVC_AFFINITY`,
+//! `SVC_SOCKETS` and `SVC_COUNTERS`, which the programs keep.
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use ebpf_common::{
+    Affinity, AffinityKey, Backend, BackendKey, Counter, SVC_AFFINITY_MAX_ENTRIES, SVC_BACKENDS_MAX_ENTRIES,
+    SVC_FRONTENDS_MAX_ENTRIES, SVC_SOCKETS_MAX_ENTRIES, Service, ServiceEvent, ServiceKey, SocketKey, SocketService,
+};
+
+/// Not preallocated: a replaced element is freed after an RCU grace period, so a program
+/// holding the old one while the writer switches banks still reads what it looked up (a
+/// preallocated element can be reused at once), and memory follows the Services there are.
+const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
+
+/// Service address, port, protocol → its backends' bank and count.
+#[btf_map]
+pub static SVC_FRONTENDS: HashMap<ServiceKey, Service, { SVC_FRONTENDS_MAX_ENTRIES as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+/// (Service id, bank, index) → backend.
+#[btf_map]
+pub static SVC_BACKENDS: HashMap<BackendKey, Backend, { SVC_BACKENDS_MAX_ENTRIES as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+/// ClientIP affinity: (client's network namespace, Service id) → its backend and last use. LRU.
+#[btf_map]
+pub static SVC_AFFINITY: LruHashMap<AffinityKey, Affinity, { SVC_AFFINITY_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+/// Translated sockets: (socket cookie, backend) → the frontend the application addressed. LRU.
+#[btf_map]
+pub static SVC_SOCKETS: LruHashMap<SocketKey, SocketService, { SVC_SOCKETS_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+/// Events by `ServiceEvent`, per CPU (`packets` counts them).
+#[btf_map]
+pub static SVC_COUNTERS: PerCpuArray<Counter, { ServiceEvent::SLOTS as usize }> = PerCpuArray::new();
+
+#[inline(always)]
+pub fn count(event: ServiceEvent) {
+    if let Some(counter) = SVC_COUNTERS.get_ptr_mut(event as u32) {
+        // SAFETY: a per-CPU slot, only touched by this CPU while the program runs.
+        unsafe { (*counter).packets += 1 };
+    }
+}
