@@ -10,7 +10,7 @@ use super::{
     datapath::{Datapath, internal},
     kernel_btf,
     settings::{Describe, Settings, comparable},
-    uplink,
+    socket_lb, uplink,
 };
 use crate::{
     cni::{CniError, CniResult, Context, ErrorCode},
@@ -31,7 +31,7 @@ const OBJECT_NEEDS_KERNEL_BTF: bool = false;
 const VERIFY_ORDER: [&str; 6] =
     [names::TO_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK, names::FROM_UPLINK6, names::FROM_POD, names::TO_POD];
 
-const MAPS: [&str; 12] = [
+const MAPS: [&str; 17] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -44,6 +44,11 @@ const MAPS: [&str; 12] = [
     names::NAT_SHARES,
     names::STACK_EPOCH,
     names::NODE_ECHOES,
+    names::SVC_FRONTENDS,
+    names::SVC_BACKENDS,
+    names::SVC_AFFINITY,
+    names::SVC_SOCKETS,
+    names::SVC_COUNTERS,
 ];
 
 impl Datapath {
@@ -71,10 +76,10 @@ impl Datapath {
         // A load interrupted before the last pin leaves some pins behind, and maybe filters on
         // the uplink running its programs: start over.
         self.detach_uplink(node).await?;
-        for dir in ["maps", "progs"] {
+        for dir in ["maps", "progs", "links"] {
             let _ = fs::remove_dir_all(self.pins.version_dir().join(dir));
         }
-        for dir in ["maps", "progs"] {
+        for dir in ["maps", "progs", "links"] {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -128,6 +133,9 @@ impl Datapath {
                 }
             }
             crate::fault::point("add:after-uplink");
+        }
+        if let Some(cgroup) = &settings.socket_lb {
+            socket_lb::attach(&mut ebpf, &self.pins, cgroup)?;
         }
         // The program that pods attach to is pinned last: its pin means everything is there.
         classifier(&mut ebpf, names::FROM_POD)?
@@ -235,7 +243,7 @@ mod tests {
     #[test]
     fn every_program_has_its_place_in_the_verify_order() {
         let object = aya_obj::Object::parse(OBJECT).unwrap();
-        for name in object.programs.keys() {
+        for name in object.programs.keys().filter(|name| !names::SOCKET_LB.contains(&name.as_str())) {
             assert!(VERIFY_ORDER.contains(&name.as_str()), "{name} is not in VERIFY_ORDER");
         }
     }

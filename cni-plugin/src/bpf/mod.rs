@@ -8,6 +8,7 @@ mod nat;
 mod pins;
 pub mod read;
 mod settings;
+mod socket_lb;
 mod stack_epochs;
 mod uplink;
 

@@ -76,6 +76,12 @@ impl Pins {
         self.version_dir.join("maps").join(name)
     }
 
+    /// A pinned link (the socket LB's cgroup attachments): the attachment lasts while the pin
+    /// does, so removing the version directory detaches it.
+    pub fn link(&self, name: &str) -> PathBuf {
+        self.version_dir.join("links").join(name)
+    }
+
     /// An empty directory, present when this network added the uplink's clsact qdisc: only
     /// then does the network remove the qdisc again (bpffs holds no plain files).
     pub fn clsact_mark(&self) -> PathBuf {

@@ -27,6 +27,9 @@ pub struct Settings {
     pub uplink: Option<String>,
     /// aya-log's `AYA_LOG_LEVEL` for the programs (`ebpfLogLevel`); 0, off, by default.
     pub log_level: u8,
+    /// The cgroup the socket LB's programs attach to (node file `kubeProxyReplacement`,
+    /// `cgroupRoot`); None: Services are left to kube-proxy.
+    pub socket_lb: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -68,7 +71,7 @@ impl Settings {
         }
         let log_level = conf.ebpf_log_level()?;
         if !conf.masquerades() {
-            return Ok(Self { config, uplink: None, log_level });
+            return Ok(Self { config, uplink: None, log_level, socket_lb: conf.socket_lb_cgroup.clone() });
         }
         let (uplink, index) = uplink(conf, node).await?;
         // Each family the pods have needs the node's address of that family.
@@ -106,7 +109,7 @@ impl Settings {
         config.pod_flows_per_minute = conf.masq_pod_flows_per_minute.unwrap_or(DEFAULT_MASQ_POD_FLOWS_PER_MINUTE);
         warn_if_not_forwarding();
         warn_if_ports_shared(&ports);
-        Ok(Self { config, uplink: Some(uplink), log_level })
+        Ok(Self { config, uplink: Some(uplink), log_level, socket_lb: conf.socket_lb_cgroup.clone() })
     }
 }
 

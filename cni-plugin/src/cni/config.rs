@@ -88,6 +88,10 @@ pub struct NetConf {
     /// is loaded with, and the only ones its IPAM may draw from (`node_conf.rs`).
     #[serde(skip)]
     pub node_subnets: Option<super::node_conf::NodeSubnets>,
+    /// Set when the node file names this network its primary one and sets
+    /// `kubeProxyReplacement`: the cgroup the socket LB's programs attach to (`cgroupRoot`).
+    #[serde(skip)]
+    pub socket_lb_cgroup: Option<PathBuf>,
     /// GC: the attachments that are still in use; everything else of this network goes.
     #[serde(rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<AttachmentRef>>,

@@ -79,6 +79,14 @@ pub struct NodeConf {
     /// The built-in host-local IPAM's `dataDir`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipam_data_dir: Option<PathBuf>,
+    /// The primary network translates Services itself (the socket LB's cgroup programs) instead
+    /// of leaving them to kube-proxy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kube_proxy_replacement: Option<bool>,
+    /// Where the socket LB's programs attach: every process in this cgroup or below has its
+    /// Service connections translated. Unset: the node's cgroup2 mount.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_root: Option<PathBuf>,
 }
 
 /// What a verb does with a configuration that changes a node-level setting.
@@ -125,11 +133,13 @@ impl NodeConf {
             self.cluster_cidr.is_some(),
             self.masq_pod_flows_per_minute.is_some(),
             self.ebpf_log_level.is_some(),
+            self.kube_proxy_replacement.is_some(),
+            self.cgroup_root.is_some(),
         ];
         if self.primary_network.is_none() && primary_only.contains(&true) {
             return invalid(
-                "ipMasq, clusterCIDR, masqPodFlowsPerMinute and ebpfLogLevel are the primary network's: \
-                 name it in primaryNetwork",
+                "ipMasq, clusterCIDR, masqPodFlowsPerMinute, ebpfLogLevel, kubeProxyReplacement and \
+                 cgroupRoot are the primary network's: name it in primaryNetwork",
             );
         }
         if let Some(level) = &self.ebpf_log_level {
@@ -137,6 +147,9 @@ impl NodeConf {
         }
         if self.log_file.as_ref().is_some_and(|f| !f.is_absolute()) {
             return invalid("logFile must be an absolute path");
+        }
+        if self.cgroup_root.as_ref().is_some_and(|f| !f.is_absolute()) {
+            return invalid("cgroupRoot must be an absolute path");
         }
         canonical_cluster_cidr(&self.cluster_cidr)?;
         canonical_ports(&self.masq_port_range)?;
@@ -199,6 +212,7 @@ impl NodeConf {
             confine_field(&mut conf.ebpf_log_level, &self.ebpf_log_level, |w, n| {
                 refuse("ebpfLogLevel", quoted(w), n.map(quoted))
             })?;
+            conf.socket_lb_cgroup = self.socket_lb_cgroup();
         } else if conf.masquerades() {
             let primary = self.primary_network.as_ref().map_or_else(|| "none".into(), |p| format!("{p:?}"));
             let msg = format!(
@@ -218,6 +232,16 @@ impl NodeConf {
             }
         }
         Ok(overridden.into_inner())
+    }
+
+    /// With `kubeProxyReplacement`, the cgroup the socket LB attaches to: `cgroupRoot`, else the
+    /// node's cgroup2 mount (`/sys/fs/cgroup` where it is missing from the mount table: the
+    /// load then says it cannot open it).
+    pub fn socket_lb_cgroup(&self) -> Option<PathBuf> {
+        if self.kube_proxy_replacement != Some(true) {
+            return None;
+        }
+        Some(self.cgroup_root.clone().unwrap_or_else(|| cgroup2_mount().unwrap_or_else(|| "/sys/fs/cgroup".into())))
     }
 
     /// The primary network's pod subnets: the first of each family in `podCIDRs`.
@@ -385,6 +409,16 @@ fn canonical_cluster_cidr(text: &Option<String>) -> CniResult<Option<String>> {
     let (v4, v6) = config::parse_cluster_cidr(text)?;
     let parts: Vec<String> = v4.map(|n| n.to_string()).into_iter().chain(v6.map(|n| n.to_string())).collect();
     Ok(Some(parts.join(",")))
+}
+
+/// The first cgroup2 mount in this process's mount table (`/proc/self/mountinfo`: field 5 is
+/// the mount point, the filesystem type follows the ` - ` separator).
+fn cgroup2_mount() -> Option<PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    table.lines().find_map(|line| {
+        let (mount, rest) = line.split_once(" - ")?;
+        if rest.split(' ').next() == Some("cgroup2") { mount.split(' ').nth(4).map(PathBuf::from) } else { None }
+    })
 }
 
 fn quoted(s: &String) -> String {
