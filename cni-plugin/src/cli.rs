@@ -29,6 +29,10 @@ enum Sub {
     /// Keep routes to the other nodes' pod CIDRs (host-gw) in step with the cluster's nodes (watched);
     /// routes it did not make are never changed.
     Agent(crate::agent::Agent),
+    /// Writes one Service into a network's socket LB maps (tests and debugging; the agent
+    /// writes them from the API server).
+    #[command(hide = true)]
+    ServiceSet(crate::bpf::services::cli::ServiceSet),
 }
 
 pub fn run() -> ExitCode {
@@ -40,6 +44,10 @@ pub fn run() -> ExitCode {
         Some(Sub::Inspect(args)) => report(crate::inspect::run(args)),
         Some(Sub::Metrics(args)) => report(crate::metrics::run(args)),
         Some(Sub::Install(args)) => report(crate::install::run(args)),
+        Some(Sub::ServiceSet(args)) => {
+            crate::logging::init();
+            report(crate::bpf::services::cli::run(args))
+        }
         Some(Sub::Agent(args)) => {
             crate::logging::init();
             report(crate::agent::run(args))

@@ -7,6 +7,7 @@ mod loader;
 mod nat;
 mod pins;
 pub mod read;
+pub mod services;
 mod settings;
 mod socket_lb;
 mod stack_epochs;

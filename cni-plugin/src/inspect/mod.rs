@@ -4,6 +4,7 @@ mod logs;
 mod maps;
 mod nat;
 mod programs;
+mod services;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -42,6 +43,8 @@ enum View {
     Counters,
     /// The settings the programs were loaded with (SETTINGS).
     Settings,
+    /// Services the socket LB translates (SVC_FRONTENDS): frontend → backends, affinity.
+    Services,
     /// The BPF programs on the node's interfaces (tc filters and TCX), ours marked.
     Programs,
     /// Log lines of the TC programs (network configured with `ebpfLogLevel`). Reading consumes
@@ -65,6 +68,7 @@ pub fn run(args: Inspect) -> Result<()> {
         View::Nat => table::print(&nat::rows(&pins, || interfaces(netns))?, args.output),
         View::Counters => table::print(&maps::counters(&pins)?, args.output),
         View::Settings => table::print(&maps::settings(&pins, &interfaces(netns)?)?, args.output),
+        View::Services => table::print(&services::rows(&pins)?, args.output),
         View::Programs => table::print(&programs::rows(&pins, &interfaces(netns)?)?, args.output),
         View::Logs { follow } => logs::read(&pins, follow),
     }

@@ -4,5 +4,6 @@ pub mod netlink;
 pub mod netns;
 pub mod qdisc;
 pub mod routes;
+pub mod sock_diag;
 pub mod sysctl;
 mod unlink;

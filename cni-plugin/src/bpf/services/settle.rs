@@ -1,0 +1,214 @@
+//! Sockets the socket LB sent to a backend that is gone. Neither kind may be left on it: a TCP
+//! connection would hang until its own timeouts, and a connected UDP socket (a resolver's)
+//! would send into the void for ever, since the kernel runs no `sock_addr` hook for a connected
+//! socket's sends: the backend chosen at connect stays its peer. (kube-proxy's conntrack flush
+//! and Cilium's socket LB both leave such UDP sockets stuck or failing.)
+//!
+//! Found with sock_diag in every network namespace that has a process (sockets live in the
+//! pods' namespaces), and only those `SVC_SOCKETS` says the socket LB translated for this
+//! frontend: a pod's own connection to the backend's address is left alone.
+//! - TCP: destroyed (`SOCK_DESTROY`): the backend, if alive, gets a RST, the application
+//!   `ECONNABORTED` at once instead of a hang.
+//! - Connected UDP: connected again to the Service, from here, on the application's own socket
+//!   (a duplicate of its descriptor, `pidfd_getfd`). The socket LB's connect hook runs for the
+//!   socket's cgroup and namespace, whoever calls, and picks a live backend; the application
+//!   keeps its socket, its port and its reads, and `getpeername` still shows the Service.
+//!   Where that is impossible (no backend left, the owner gone or not traceable), the socket is
+//!   destroyed instead, so the application sees an error rather than silence.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::File,
+    net::SocketAddr,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::fs::MetadataExt as _,
+    },
+    path::PathBuf,
+};
+
+use anyhow::Context as _;
+use aya::maps::{HashMap, MapData};
+use ebpf_common::{SocketKey, SocketService};
+use nix::sched::{CloneFlags, setns};
+use serde::Serialize;
+
+use super::{Frontend, Protocol, backend_value, service_key};
+use crate::net::sock_diag::{Diag, DiagSocket, ESTABLISHED, LISTEN};
+
+/// What settling did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Settled {
+    /// Connected UDP sockets now connected to a live backend.
+    pub reconnected: usize,
+    /// Sockets destroyed (TCP; UDP that could not be connected again).
+    pub destroyed: usize,
+}
+
+type Sockets = HashMap<MapData, SocketKey, SocketService>;
+
+pub fn sockets_of_removed(
+    sockets: &mut Sockets,
+    frontend: Frontend,
+    removed: &[SocketAddr],
+) -> anyhow::Result<Settled> {
+    let mut settled = Settled::default();
+    if removed.is_empty() {
+        return Ok(settled);
+    }
+    let removed: BTreeSet<SocketAddr> = removed.iter().copied().collect();
+    for netns in namespaces() {
+        let found = std::thread::scope(|scope| {
+            scope
+                .spawn(|| settle_in(&netns, &mut *sockets, frontend, &removed))
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("settling sockets in {} panicked", netns.display())))
+        });
+        match found {
+            Ok(s) => {
+                settled.reconnected += s.reconnected;
+                settled.destroyed += s.destroyed;
+            }
+            // A namespace that went away meanwhile has no socket left to settle.
+            Err(e) => log::debug!("sockets in {}: {e:#}", netns.display()),
+        }
+    }
+    Ok(settled)
+}
+
+/// On a thread of its own, which it moves into `netns` (sock_diag answers for the caller's).
+fn settle_in(
+    netns: &PathBuf,
+    sockets: &mut Sockets,
+    frontend: Frontend,
+    removed: &BTreeSet<SocketAddr>,
+) -> anyhow::Result<Settled> {
+    let ns = File::open(netns)?;
+    setns(&ns, CloneFlags::CLONE_NEWNET).context("setns")?;
+    let diag = Diag::open()?;
+    let family = if frontend.ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let ours = service_key(frontend);
+    let translated = |s: &DiagSocket| {
+        removed.contains(&s.peer)
+            && s.state != LISTEN
+            && sockets
+                .get(&SocketKey { cookie: s.cookie, backend: backend_value(s.peer), pad: 0 }, 0)
+                .is_ok_and(|seen| seen.frontend == ours)
+    };
+    let stuck: Vec<DiagSocket> =
+        diag.dump(family, frontend.protocol.number())?.into_iter().filter(translated).collect();
+    let mut settled = Settled::default();
+    let owners = if frontend.protocol == Protocol::Udp { owners(&stuck) } else { BTreeMap::new() };
+    for socket in &stuck {
+        let key = SocketKey { cookie: socket.cookie, backend: backend_value(socket.peer), pad: 0 };
+        if frontend.protocol == Protocol::Udp && socket.state == ESTABLISHED {
+            match owners.get(&socket.inode).map(|&(pid, fd)| reconnect(pid, fd, frontend)) {
+                Some(Ok(())) => {
+                    settled.reconnected += 1;
+                    let _ = sockets.remove(&key);
+                    continue;
+                }
+                Some(Err(e)) => {
+                    log::info!("UDP socket {} → {}: cannot connect it again: {e:#}", socket.local, socket.peer)
+                }
+                None => log::info!("UDP socket {} → {}: no process holds it", socket.local, socket.peer),
+            }
+        }
+        match diag.destroy(socket) {
+            Ok(()) => {
+                settled.destroyed += 1;
+                let _ = sockets.remove(&key);
+            }
+            Err(e) => log::warn!("cannot destroy socket {} → {}: {e}", socket.local, socket.peer),
+        }
+    }
+    Ok(settled)
+}
+
+/// Connects the socket `fd` of process `pid` to the frontend again (the connect hook picks).
+fn reconnect(pid: i32, fd: i32, frontend: Frontend) -> anyhow::Result<()> {
+    // SAFETY: plain syscalls; each descriptor is owned once returned.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    anyhow::ensure!(pidfd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    anyhow::ensure!(dup >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
+    let dup = unsafe { OwnedFd::from_raw_fd(dup as i32) };
+    let (storage, len) = sockaddr(SocketAddr::new(frontend.ip, frontend.port));
+    // SAFETY: a valid sockaddr of `len` bytes.
+    let rc = unsafe { libc::connect(dup.as_raw_fd(), (&raw const storage).cast(), len) };
+    anyhow::ensure!(rc == 0, "connect: {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&raw mut storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// The (pid, fd) holding each socket of `stuck`, by inode, from `/proc/<pid>/fd`.
+fn owners(stuck: &[DiagSocket]) -> BTreeMap<u32, (i32, i32)> {
+    let wanted: BTreeSet<String> = stuck.iter().map(|s| format!("socket:[{}]", s.inode)).collect();
+    let mut found = BTreeMap::new();
+    if wanted.is_empty() {
+        return found;
+    }
+    for (pid, dir) in processes() {
+        let Ok(fds) = std::fs::read_dir(dir.join("fd")) else { continue };
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+            let target = target.to_string_lossy();
+            if wanted.contains(target.as_ref())
+                && let (Some(inode), Ok(fd)) = (
+                    target.trim_start_matches("socket:[").trim_end_matches(']').parse().ok(),
+                    fd.file_name().to_string_lossy().parse(),
+                )
+            {
+                found.entry(inode).or_insert((pid, fd));
+            }
+        }
+    }
+    found
+}
+
+fn processes() -> impl Iterator<Item = (i32, PathBuf)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path())))
+}
+
+/// One `/proc/<pid>/ns/net` per network namespace that has a process.
+fn namespaces() -> Vec<PathBuf> {
+    let mut seen = BTreeSet::new();
+    processes()
+        .map(|(_, dir)| dir.join("ns/net"))
+        .filter(|path| std::fs::metadata(path).is_ok_and(|m| seen.insert((m.dev(), m.ino()))))
+        .collect()
+}
