@@ -204,6 +204,16 @@ impl Lan {
         Ok(LanPod { netns: tb.pods[pod].netns.name.clone(), ip, ip6 })
     }
 
+    /// `node`'s plugins read the node file at `path` from the next call on.
+    pub fn use_node_conf(&mut self, node: usize, path: &std::path::Path) {
+        self.runtimes[node].use_node_conf(path);
+    }
+
+    /// DEL of pod number `pod` of `node` through the node's conflist.
+    pub fn del_pod(&self, node: usize, pod: usize) -> Result<()> {
+        self.runtimes[node].del(&self.lists[node], &self.nodes[node].sandbox(pod))
+    }
+
     /// The MAC address of `node`'s eth0: what its frames on the LAN come from.
     pub fn node_mac(&self, node: usize) -> Result<[u8; 6]> {
         let out = run_in(&self.nodes[node].node.name, "ip", &["-j", "link", "show", "dev", "eth0"])?;

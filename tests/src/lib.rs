@@ -4,6 +4,7 @@
 //! environment, configuration on stdin, in the node's namespace.
 pub mod agent;
 pub mod bypass;
+pub mod cgroup;
 mod cluster;
 pub mod crash;
 mod fake_api;

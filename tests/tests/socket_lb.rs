@@ -1,0 +1,325 @@
+//! Issue 25, connect-time Service translation (the socket LB): node 1 of a dual-stack LAN with
+//! `kubeProxyReplacement` in its node file and not one iptables or nft rule; its programs
+//! attached to a cgroup of this test's own; Services written through the plugin's writer
+//! (`ebpf-cni service-set`); clients (python3) started in that cgroup and in a pod's namespace.
+//! Checks: TCP, connected and unconnected UDP to a ClusterIP reaching a backend on this node and
+//! on the other (IPv4 and IPv6), the application seeing the ClusterIP as its peer, the flows on
+//! the fast paths, a Service without endpoint refused at once, ClientIP affinity, a connected
+//! UDP socket moved to a live backend within 1 s of its backend's removal, an open TCP
+//! connection to a removed backend ended at once, and nothing left after the last DEL.
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, UdpSocket},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+use ebpf_cni_tests::{
+    cgroup::TestCgroup,
+    lan::{Ipv6Plan, Lan, LanPod},
+    run, run_in,
+    traffic::in_netns,
+};
+use ebpf_common::{DropReason, ForwardPath};
+use serde_json::{Value, json};
+
+const TCP_PORT: u16 = 8080;
+const UDP_PORT: u16 = 5353;
+
+/// The client: one mode per argument list, one JSON line per result.
+const CLIENT: &str = r#"
+import json, socket, sys, time
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fam = socket.AF_INET6 if ':' in host else socket.AF_INET
+def out(**kw): print(json.dumps(kw), flush=True)
+def peer(s): a = s.getpeername(); return "[%s]:%d" % a[:2] if fam == socket.AF_INET6 else "%s:%d" % a[:2]
+def fmt(a): return "[%s]:%d" % a[:2] if fam == socket.AF_INET6 else "%s:%d" % a[:2]
+t = time.monotonic()
+try:
+    if mode in ("tcp", "tcp-hold"):
+        s = socket.socket(fam, socket.SOCK_STREAM); s.settimeout(3)
+        s.connect((host, port)); s.sendall(b"q")
+        out(peer=peer(s), reply=s.recv(64).decode())
+        if mode == "tcp-hold":
+            s.settimeout(20); t = time.monotonic()
+            try: d = s.recv(64); out(ended="eof" if not d else "data", ms=(time.monotonic() - t) * 1000)
+            except OSError as e: out(ended=e.errno, ms=(time.monotonic() - t) * 1000)
+    elif mode == "udp":
+        s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(0.2); s.connect((host, port))
+        for _ in range(int(sys.argv[4])):
+            try: s.send(b"q"); out(peer=peer(s), reply=s.recv(64).decode())
+            except socket.timeout: out(timeout=True)
+            except OSError as e: out(error=e.errno)
+            time.sleep(float(sys.argv[5]))
+    elif mode == "udp-unconnected":
+        s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(2); s.sendto(b"q", (host, port))
+        d, a = s.recvfrom(64); out(source=fmt(a), reply=d.decode())
+except OSError as e:
+    out(error=e.errno, ms=(time.monotonic() - t) * 1000)
+"#;
+
+/// A client process in the cgroup and `pod`'s namespace; its result lines on a channel.
+struct Client {
+    child: Child,
+    lines: mpsc::Receiver<Value>,
+}
+
+impl Client {
+    fn start(cgroup: &TestCgroup, pod: &LanPod, args: &[&str]) -> Self {
+        let mut command = Command::new("nsenter");
+        command.arg(format!("--net=/run/netns/{}", pod.netns)).args(["python3", "-c", CLIENT]).args(args);
+        command.stdout(Stdio::piped()).stdin(Stdio::null());
+        cgroup.confine(&mut command).unwrap();
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(serde_json::from_str(&line).unwrap_or(Value::String(line)));
+            }
+        });
+        Self { child, lines }
+    }
+
+    fn next(&self, within: Duration) -> Value {
+        self.lines.recv_timeout(within).unwrap_or_else(|_| panic!("no result from the client within {within:?}"))
+    }
+
+    /// Runs a one-shot client to its single result.
+    fn once(cgroup: &TestCgroup, pod: &LanPod, args: &[&str]) -> Value {
+        let mut client = Self::start(cgroup, pod, args);
+        let result = client.next(Duration::from_secs(5));
+        let _ = client.child.wait();
+        result
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Our own child, by its PID.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// TCP and UDP servers in a pod answering every request with `tag` (which backend answered);
+/// TCP connections stay open until the client closes them.
+struct Tagged {
+    stop: Arc<AtomicBool>,
+}
+
+impl Tagged {
+    fn start(netns: &str, tag: &'static str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tcp: TcpListener = in_netns(netns, || Ok(TcpListener::bind(("::", TCP_PORT))?)).unwrap();
+        let udp: UdpSocket = in_netns(netns, || Ok(UdpSocket::bind(("::", UDP_PORT))?)).unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let halt = stop.clone();
+        std::thread::spawn(move || {
+            while !halt.load(Ordering::Relaxed) {
+                match tcp.accept() {
+                    Ok((mut stream, _)) => drop(std::thread::spawn(move || {
+                        let _ = stream.set_nonblocking(false);
+                        let mut buf = [0u8; 64];
+                        while matches!(stream.read(&mut buf), Ok(n) if n > 0) {
+                            let _ = stream.write_all(tag.as_bytes());
+                        }
+                    })),
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        let halt = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while !halt.load(Ordering::Relaxed) {
+                if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                    let _ = udp.send_to(tag.as_bytes(), peer);
+                }
+            }
+        });
+        Self { stop }
+    }
+}
+
+impl Drop for Tagged {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `ebpf-cni service-set` on node 1's network: what settling did.
+fn service_set(lan: &Lan, frontend: &str, protocol: &str, backends: &[String], extra: &[&str]) -> Value {
+    let tb = &lan.nodes[0];
+    let mut command = Command::new(&tb.plugin.binary);
+    command.args(["service-set", "--network", &tb.network, "--bpffs-root"]).arg(tb.bpffs_root());
+    command.args(["--frontend", frontend, "--protocol", protocol]).args(extra);
+    for backend in backends {
+        command.args(["--backend", backend]);
+    }
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn at(ip: impl std::fmt::Display, port: u16) -> String {
+    SocketAddr::new(ip.to_string().parse().unwrap(), port).to_string()
+}
+
+#[test]
+fn services_are_translated_at_connect_time() {
+    let test = "services_are_translated_at_connect_time";
+    let plan = Ipv6Plan { cluster_cidr: "fd00:10:98::/56", subnets: ["fd00:10:98:1::/64", "fd00:10:98:2::/64"] };
+    let Some(mut lan) =
+        Lan::for_test_dual_stack(test, "slb", "10.198.0.0/16", ["10.198.1.0/24", "10.198.2.0/24"], plan)
+    else {
+        return;
+    };
+    let cgroup = TestCgroup::create(&format!("{}-socket-lb", lan.nodes[0].run_id)).unwrap();
+    // Node 1's node file: its primary network, Services by the socket LB in the test's cgroup.
+    let tb = &lan.nodes[0];
+    let node_file = tb.data_dir().with_file_name("node.json");
+    let node = json!({
+        "primaryNetwork": tb.network,
+        "ipMasq": true,
+        "clusterCIDR": format!("10.198.0.0/16,{}", plan.cluster_cidr),
+        "podCIDRs": [tb.subnet, plan.subnets[0]],
+        "bpffsRoot": tb.bpffs_root(),
+        "ipamDataDir": tb.data_dir(),
+        "kubeProxyReplacement": true,
+        "cgroupRoot": cgroup.path(),
+    });
+    std::fs::write(&node_file, node.to_string()).unwrap();
+    lan.use_node_conf(0, &node_file);
+    let (client, a) = (lan.add_pod(0).unwrap(), lan.add_pod(0).unwrap());
+    let b = lan.add_pod(1).unwrap();
+    let (_a_servers, _b_servers) = (Tagged::start(&a.netns, "A"), Tagged::start(&b.netns, "B"));
+
+    // No kube-proxy: not one rule in node 1's netfilter.
+    let ruleset = run_in(&lan.nodes[0].node.name, "nft", &["list", "ruleset"]).unwrap();
+    assert_eq!(String::from_utf8_lossy(&ruleset.stdout).trim(), "", "node 1 has nft rules");
+    let saved = run_in(&lan.nodes[0].node.name, "iptables-save", &[]).unwrap();
+    assert!(!String::from_utf8_lossy(&saved.stdout).contains("\n-A "), "node 1 has iptables rules");
+    // The programs are attached to the test's cgroup (and pinned), nowhere else.
+    let links = lan.nodes[0].version_dir().join("links");
+    assert_eq!(std::fs::read_dir(&links).unwrap().count(), ebpf_common::names::SOCKET_LB.len());
+    let attached = run("bpftool", &["-j", "cgroup", "show", cgroup.path().to_str().unwrap()]).unwrap();
+    let attached: Value = serde_json::from_slice(&attached.stdout).unwrap();
+    assert_eq!(attached.as_array().map(Vec::len), Some(8), "{attached}");
+
+    let (a6, b6) = (a.ip6.unwrap(), b.ip6.unwrap());
+    let set = |f: &str, p: &str, backends: &[String]| service_set(&lan, f, p, backends, &[]);
+    set("10.96.0.10:80", "tcp", &[at(a.ip, TCP_PORT)]);
+    set("10.96.0.10:53", "udp", &[at(a.ip, UDP_PORT)]);
+    set("10.96.0.20:80", "tcp", &[at(b.ip, TCP_PORT)]);
+    set("10.96.0.20:53", "udp", &[at(b.ip, UDP_PORT)]);
+    set("[fd00:96::10]:80", "tcp", &[at(b6, TCP_PORT)]);
+    set("[fd00:96::10]:53", "udp", &[at(a6, UDP_PORT)]);
+    set("10.96.0.30:80", "tcp", &[]);
+    set("10.96.0.30:53", "udp", &[]);
+    let both = [at(a.ip, TCP_PORT), at(b.ip, TCP_PORT)];
+    service_set(&lan, "10.96.0.40:80", "tcp", &both, &["--affinity-seconds", "60"]);
+
+    let node1 = &lan.nodes[0];
+    let (local_before, remote_before, stack_before) = (
+        node1.forwarded(ForwardPath::PodToPod).unwrap(),
+        node1.forwarded(ForwardPath::ToOtherNode).unwrap(),
+        node1.forwarded(ForwardPath::StackFlow).unwrap(),
+    );
+    // A backend on this node, then on the other; the application sees the ClusterIP.
+    let local = Client::once(&cgroup, &client, &["tcp", "10.96.0.10", "80"]);
+    assert_eq!(local, json!({"peer": "10.96.0.10:80", "reply": "A"}));
+    let local_after = node1.forwarded(ForwardPath::PodToPod).unwrap();
+    assert!(local_after > local_before, "not pod-to-pod: {local_before} → {local_after}");
+    let remote = Client::once(&cgroup, &client, &["tcp", "10.96.0.20", "80"]);
+    assert_eq!(remote, json!({"peer": "10.96.0.20:80", "reply": "B"}));
+    let remote_after = node1.forwarded(ForwardPath::ToOtherNode).unwrap();
+    assert!(remote_after > remote_before, "not to-other-node: {remote_before} → {remote_after}");
+    let connected = Client::once(&cgroup, &client, &["udp", "10.96.0.10", "53", "1", "0"]);
+    assert_eq!(connected, json!({"peer": "10.96.0.10:53", "reply": "A"}));
+    let unconnected = Client::once(&cgroup, &client, &["udp-unconnected", "10.96.0.20", "53"]);
+    assert_eq!(unconnected, json!({"source": "10.96.0.20:53", "reply": "B"}));
+    let v6 = Client::once(&cgroup, &client, &["tcp", "fd00:96::10", "80"]);
+    assert_eq!(v6, json!({"peer": "[fd00:96::10]:80", "reply": "B"}));
+    let v6 = Client::once(&cgroup, &client, &["udp", "fd00:96::10", "53", "1", "0"]);
+    assert_eq!(v6, json!({"peer": "[fd00:96::10]:53", "reply": "A"}));
+    let v6 = Client::once(&cgroup, &client, &["udp-unconnected", "fd00:96::10", "53"]);
+    assert_eq!(v6, json!({"source": "[fd00:96::10]:53", "reply": "A"}));
+    assert_eq!(node1.forwarded(ForwardPath::StackFlow).unwrap(), stack_before, "a Service flow took the stack");
+
+    // No endpoint: refused at once, counted.
+    let refused_before = node1.drops(DropReason::ServiceNoEndpoint).unwrap();
+    for args in [["tcp", "10.96.0.30", "80"], ["udp-unconnected", "10.96.0.30", "53"]] {
+        let refused = Client::once(&cgroup, &client, &args);
+        assert_eq!(refused["error"], json!(libc::ECONNREFUSED), "{args:?}: {refused}");
+        assert!(refused["ms"].as_f64().unwrap() < 100.0, "{args:?}: not at once: {refused}");
+    }
+    assert_eq!(node1.drops(DropReason::ServiceNoEndpoint).unwrap(), refused_before + 2);
+
+    // ClientIP affinity: one backend for every connection of the client.
+    let replies: Vec<Value> =
+        (0..8).map(|_| Client::once(&cgroup, &client, &["tcp", "10.96.0.40", "80"])["reply"].clone()).collect();
+    assert!(replies.iter().all(|r| *r == replies[0]), "affinity broken: {replies:?}");
+
+    // A connected UDP socket whose backend is removed reaches the new one within 1 s, on the
+    // same socket: the application never reconnects.
+    set("10.96.0.50:53", "udp", &[at(a.ip, UDP_PORT)]);
+    let resolver = Client::start(&cgroup, &client, &["udp", "10.96.0.50", "53", "200", "0.02"]);
+    assert_eq!(resolver.next(Duration::from_secs(3)), json!({"peer": "10.96.0.50:53", "reply": "A"}));
+    let settled = set("10.96.0.50:53", "udp", &[at(b.ip, UDP_PORT)]);
+    let replaced = Instant::now();
+    assert_eq!(settled["reconnected"], json!(1), "{settled}");
+    loop {
+        let line = resolver.next(Duration::from_secs(1));
+        if line["reply"] == json!("B") {
+            assert_eq!(line["peer"], json!("10.96.0.50:53"));
+            break;
+        }
+        assert!(replaced.elapsed() < Duration::from_secs(1), "still not on the new backend: {line}");
+    }
+    println!("connected UDP on the new backend {:?} after the change", replaced.elapsed());
+    drop(resolver);
+
+    // An open TCP connection to a removed backend ends at once.
+    set("10.96.0.60:80", "tcp", &[at(b.ip, TCP_PORT)]);
+    let held = Client::start(&cgroup, &client, &["tcp-hold", "10.96.0.60", "80"]);
+    assert_eq!(held.next(Duration::from_secs(3)), json!({"peer": "10.96.0.60:80", "reply": "B"}));
+    let settled = set("10.96.0.60:80", "tcp", &[at(a.ip, TCP_PORT)]);
+    let removed = Instant::now();
+    assert_eq!(settled["destroyed"], json!(1), "{settled}");
+    let ended = held.next(Duration::from_secs(1));
+    assert_eq!(ended["ended"], json!(libc::ECONNABORTED), "{ended}");
+    println!("TCP connection ended {:?} after its backend's removal", removed.elapsed());
+    drop(held);
+
+    // inspect services shows them; removal leaves its frontend's slots.
+    let out = Command::new(&lan.nodes[0].plugin.binary)
+        .args(["inspect", "services", "-o", "json", "--network", &lan.nodes[0].network, "--bpffs-root"])
+        .arg(lan.nodes[0].bpffs_root())
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 11, "{listed}");
+    let gone = service_set(&lan, "10.96.0.60:80", "tcp", &[], &["--remove"]);
+    assert_eq!(gone["destroyed"], json!(0));
+    assert_eq!(lan.nodes[0].map_len("SVC_FRONTENDS").unwrap(), 10);
+
+    // The last DEL unpins the links: the cgroup has no program left, and nothing is left.
+    for pod in 0..2 {
+        lan.del_pod(0, pod).unwrap();
+    }
+    lan.del_pod(1, 0).unwrap();
+    let attached = run("bpftool", &["-j", "cgroup", "show", cgroup.path().to_str().unwrap()]).unwrap();
+    let attached: Value = serde_json::from_slice(&attached.stdout).unwrap_or(json!([]));
+    assert_eq!(attached.as_array().map_or(0, Vec::len), 0, "{attached}");
+    assert_eq!(lan.nodes[0].leftovers().unwrap(), Vec::<String>::new());
+    let cgroup_path = cgroup.path().to_path_buf();
+    drop(cgroup);
+    assert!(!cgroup_path.exists(), "the test's cgroup is left");
+}
