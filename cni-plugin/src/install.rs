@@ -69,6 +69,10 @@ pub struct Install {
     /// primary global IPv4 address; the first usable global IPv6 one).
     #[arg(long, value_delimiter = ',')]
     node_ip: Vec<IpAddr>,
+    /// Have the agent serve the cluster's Services in place of kube-proxy (the node file's
+    /// `kubeProxyReplacement`).
+    #[arg(long)]
+    kube_proxy_replacement: bool,
     /// The binary to install. Default: the running one.
     #[arg(long)]
     binary: Option<PathBuf>,
@@ -147,6 +151,8 @@ fn node_file(args: &Install, pod_cidrs: &Cidrs, cluster_cidrs: &Cidrs, node_ips:
         node_ip: node_ips.v4,
         node_ipv6: node_ips.v6,
         log_file: args.log_file.clone(),
+        // Unset rather than false when off: node files written before the switch stay the same.
+        kube_proxy_replacement: args.kube_proxy_replacement.then_some(true),
         ..NodeConf::default()
     })
 }
@@ -239,9 +245,10 @@ impl Cidrs {
 
 /// Every CIDR of the node's `spec.podCIDRs` (else `spec.podCIDR`).
 fn node_pod_cidrs(node: &kube::Node) -> Result<Cidrs> {
+    use kube::NodeExt as _;
     let cidrs = Cidrs { v4: node.pod_cidr_v4(), v6: node.pod_cidr_v6() };
     if cidrs == Cidrs::default() {
-        bail!("node {} has no spec.podCIDR yet (is --allocate-node-cidrs on?)", node.metadata.name);
+        bail!("node {} has no spec.podCIDR yet (is --allocate-node-cidrs on?)", node.node_name());
     }
     Ok(cidrs)
 }

@@ -94,7 +94,7 @@ fn answer(stream: &mut TcpStream, say: Say) -> bool {
     written.is_ok() && open
 }
 
-fn read_request(stream: &mut TcpStream) -> Option<String> {
+pub(crate) fn read_request(stream: &mut TcpStream) -> Option<String> {
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let mut request = Vec::new();
     let mut buf = [0; 4096];
@@ -103,4 +103,47 @@ fn read_request(stream: &mut TcpStream) -> Option<String> {
         request.extend_from_slice(&buf[..n]);
     }
     String::from_utf8(request).ok()
+}
+
+/// A request's line, read back: what kube's client asked for, whatever order its query
+/// parameters come in.
+#[derive(Debug)]
+pub struct ApiRequest {
+    pub method: String,
+    pub path: String,
+    /// Query parameters, percent-decoded.
+    pub query: std::collections::BTreeMap<String, String>,
+}
+
+impl ApiRequest {
+    pub fn parse(request: &str) -> Self {
+        let line = request.lines().next().unwrap_or_default();
+        let mut words = line.split(' ');
+        let method = words.next().unwrap_or_default().to_string();
+        let target = words.next().unwrap_or_default();
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let query =
+            query.split('&').filter_map(|pair| pair.split_once('=')).map(|(k, v)| (decode(k), decode(v))).collect();
+        Self { method, path: path.to_string(), query }
+    }
+}
+
+fn decode(text: &str) -> String {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+            (b'+', _) => out.push(b' '),
+            (b, _) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

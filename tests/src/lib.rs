@@ -8,6 +8,7 @@ pub mod cgroup;
 mod cluster;
 pub mod crash;
 mod fake_api;
+pub mod fake_store;
 pub mod flows;
 pub mod frames;
 mod guard;
@@ -27,7 +28,8 @@ pub use cluster::{
     Cluster, EXT_SERVER, EXT_SERVER_V6, EXT_UPLINK_IP, EXT_UPLINK_IPV6, NODE1_UPLINK_IP, NODE1_UPLINK_IPV6,
     UNDERLAY_IPS, UNDERLAY_IPV6S,
 };
-pub use fake_api::{FakeApi, Say};
+pub use fake_api::{ApiRequest, FakeApi, Say};
+pub use fake_store::FakeStore;
 pub use guard::{Bpffs, MountNamespace, NetnsGuard, run, run_in};
 pub use plugin::{CniOutput, Plugin, exec_binary};
 pub use privileges::{is_root, require_privileges};

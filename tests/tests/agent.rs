@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ebpf_cni_tests::{Cluster, FakeApi, Say, UNDERLAY_IPS, UNDERLAY_IPV6S, agent::RunningAgent, run_in};
+use ebpf_cni_tests::{ApiRequest, Cluster, FakeApi, Say, UNDERLAY_IPS, UNDERLAY_IPV6S, agent::RunningAgent, run_in};
 use serde_json::{Value, json};
 
 const SUBNETS: [&str; 2] = ["10.252.1.0/24", "10.252.2.0/24"];
@@ -353,7 +353,9 @@ fn reads_nodes_from_an_api_server() {
     api.say(Say::Json(node_list(&nodes).to_string()));
     let (ok, stderr) = agent(&c, 0, &["--api-server", &format!("http://{at}")]);
     assert!(ok, "{stderr}");
-    assert!(api.request().starts_with("GET /api/v1/nodes HTTP/1.1\r\n"));
+    let request = ApiRequest::parse(&api.request());
+    assert_eq!((request.method.as_str(), request.path.as_str()), ("GET", "/api/v1/nodes"));
+    assert!(!request.query.contains_key("watch"), "a list");
     assert_eq!(routes(&c, 0), [format!("{} via {} proto 236", SUBNETS[1], UNDERLAY_IPS[1])]);
 }
 
@@ -374,18 +376,30 @@ fn follows_a_watch() {
     let agent =
         RunningAgent::start(&c.nodes[0], "node-1", &["--api-server", &format!("http://{at}"), "--interval", "30"])
             .unwrap();
-    let seen = |request: String, want: &str| {
-        assert!(request.starts_with(want), "expected {want:?}, got {request:?}; the agent's log:\n{}", agent.log());
+    // What kube's client sends: the list (paged, no watch), then watches from a version, with
+    // bookmarks and the --interval as the server's end of each.
+    let seen = |request: String, want: Option<&str>| {
+        let r = ApiRequest::parse(&request);
+        let ok = r.path == "/api/v1/nodes"
+            && match want {
+                None => !r.query.contains_key("watch"),
+                Some(version) => {
+                    r.query.get("watch").map(String::as_str) == Some("true")
+                        && r.query.get("resourceVersion").map(String::as_str) == Some(version)
+                        && r.query.get("allowWatchBookmarks").map(String::as_str) == Some("true")
+                        && r.query.get("timeoutSeconds").map(String::as_str) == Some("30")
+                }
+            };
+        assert!(ok, "expected {want:?}, got {request:?}; the agent's log:\n{}", agent.log());
     };
 
-    seen(api.request(), "GET /api/v1/nodes HTTP/1.1\r\n");
+    seen(api.request(), None);
     let mut list = node_list(&[node("node-1", Some(SUBNETS[0]), u1), node("node-2", Some(SUBNETS[1]), u2)]);
     list["metadata"] = json!({ "resourceVersion": "100" });
     api.say(Say::Json(list.to_string()));
     wait_for_routes(&c, 0, &[&format!("{} via {u2} proto 236", SUBNETS[1])], &agent);
 
-    let watch = "GET /api/v1/nodes?watch=1&resourceVersion";
-    seen(api.request(), &format!("{watch}=100&allowWatchBookmarks=true&timeoutSeconds=30 HTTP/1.1\r\n"));
+    seen(api.request(), Some("100"));
     api.say(Say::Open);
     api.say(Say::Event(event("MODIFIED", versioned(node("node-2", Some("10.252.5.0/24"), u2), 101))));
     let node2 = format!("10.252.5.0/24 via {u2} proto 236");
@@ -393,11 +407,13 @@ fn follows_a_watch() {
     api.say(Say::Event(event("ADDED", versioned(node("node-3", Some("10.252.3.0/24"), "10.254.0.3"), 102))));
     let node3 = "10.252.3.0/24 via 10.254.0.3 proto 236";
     wait_for_routes(&c, 0, &[&node2, node3], &agent);
-    api.say(Say::Event(event("BOOKMARK", json!({ "kind": "Node", "metadata": { "resourceVersion": "103" } }))));
+    // As the API server sends it: kind and apiVersion (kube's client needs both).
+    let bookmark = json!({ "kind": "Node", "apiVersion": "v1", "metadata": { "resourceVersion": "103" } });
+    api.say(Say::Event(event("BOOKMARK", bookmark)));
     api.say(Say::Cut(event("MODIFIED", versioned(node("node-3", Some("10.252.3.0/24"), u2), 104))));
 
     // Back after the connection dropped, from the bookmark's version; the cut event never counted.
-    seen(api.request(), &format!("{watch}=103&"));
+    seen(api.request(), Some("103"));
     api.say(Say::Open);
     api.say(Say::Event(event("DELETED", versioned(node("node-3", Some("10.252.3.0/24"), "10.254.0.3"), 105))));
     wait_for_routes(&c, 0, &[&node2], &agent);
@@ -406,7 +422,7 @@ fn follows_a_watch() {
     run_in(netns, "ip", &["route", "del", "10.252.5.0/24"]).unwrap();
     api.say(Say::End);
     wait_for_routes(&c, 0, &[&node2], &agent);
-    seen(api.request(), &format!("{watch}=105&"));
+    seen(api.request(), Some("105"));
     assert!(agent.log().contains("resuming from resource version 103"), "{}", agent.log());
 
     // The version aged out (410): a new list, whose missing node-2 then loses its route.
@@ -414,12 +430,12 @@ fn follows_a_watch() {
     api.say(Say::Open);
     api.say(Say::Event(event("ERROR", gone)));
     api.say(Say::End);
-    seen(api.request(), "GET /api/v1/nodes HTTP/1.1\r\n");
+    seen(api.request(), None);
     let mut list = node_list(&[node("node-1", Some(SUBNETS[0]), u1)]);
     list["metadata"] = json!({ "resourceVersion": "200" });
     api.say(Say::Json(list.to_string()));
     wait_for_routes(&c, 0, &[], &agent);
-    seen(api.request(), &format!("{watch}=200&"));
+    seen(api.request(), Some("200"));
 }
 
 /// The installer asks the API server for its own node only, not for the list of all nodes.
@@ -440,7 +456,8 @@ fn installer_fetches_only_its_node() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(api.request().starts_with("GET /api/v1/nodes/node-1 HTTP/1.1\r\n"));
+    let request = ApiRequest::parse(&api.request());
+    assert_eq!((request.method.as_str(), request.path.as_str()), ("GET", "/api/v1/nodes/node-1"));
     let conflist: Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("etc/cni/net.d/10-ebpf-cni.conflist")).unwrap())
             .unwrap();

@@ -6,11 +6,19 @@
 //! it also keeps that network's datapath loaded ahead of its first pod (`preload.rs`).
 mod plan;
 mod preload;
+mod services;
 mod stats;
 mod sync;
 mod watch;
 
-use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, thread::sleep, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    sync::{Arc, mpsc::channel},
+    thread::sleep,
+    time::Duration,
+};
 
 use anyhow::Result;
 use clap::Args;
@@ -18,7 +26,7 @@ use nix::sys::signal::{SigSet, Signal};
 
 use crate::{
     cni::{config::DEFAULT_BPFFS_ROOT, node_conf},
-    kube,
+    kube::{self, NodeExt as _},
 };
 
 #[derive(Args)]
@@ -53,6 +61,10 @@ pub struct Agent {
     /// --interval, and unloaded on SIGTERM if no pod uses it.
     #[arg(long, env = node_conf::PATH_ENV, default_value = node_conf::DEFAULT_PATH)]
     node_conf: PathBuf,
+    /// With kubeProxyReplacement: write the Service model (frontends, backends, counts) as JSON
+    /// to this file whenever it changed and the input is quiet (tests, debugging).
+    #[arg(long, hide = true)]
+    services_dump: Option<PathBuf>,
 }
 
 pub fn run(args: Agent) -> Result<()> {
@@ -104,7 +116,7 @@ pub fn run(args: Agent) -> Result<()> {
     }
     if args.once {
         let list = args.source.list()?;
-        let changes = syncer.sync(&list.items.iter().collect::<Vec<_>>(), &mut BTreeSet::new(), None)?;
+        let changes = syncer.sync(&list.iter().collect::<Vec<_>>(), &mut BTreeSet::new(), None)?;
         sync::log_changes(&changes);
         let failures = &changes.failures;
         anyhow::ensure!(failures.is_empty(), "{} routes could not be set: {}", failures.len(), failures.join("; "));
@@ -121,15 +133,46 @@ pub fn run(args: Agent) -> Result<()> {
             }
         });
     }
-    if let Some(api) = args.source.api()? {
-        watch::run(&api, &syncer, interval);
+    let kube_proxy_replacement = kube_proxy_replacement(&args.node_conf);
+    if let Some(target) = args.source.target() {
+        let mut feed = kube::Feed::new(target, interval)?;
+        let (nodes, updates) = channel();
+        feed.watch(nodes, |update| update);
+        let services = kube_proxy_replacement.then(|| services::start(&mut feed, &args.node, args.services_dump));
+        feed.start();
+        let mut addrs = Vec::new();
+        watch::run(&updates, &syncer, interval, |node| {
+            let Some(services) = &services else { return };
+            let now: Vec<IpAddr> = [node.internal_ipv4().map(IpAddr::from), node.internal_ipv6().map(IpAddr::from)]
+                .into_iter()
+                .flatten()
+                .collect();
+            if now != addrs {
+                addrs.clone_from(&now);
+                let _ = services.send(services::Input::NodeAddrs(now));
+            }
+        });
+        anyhow::bail!("the watch of the API server stopped");
+    }
+    if kube_proxy_replacement {
+        log::warn!("kubeProxyReplacement needs the API server (Services, EndpointSlices): not with --nodes-file");
     }
     // A file has no watch: it is read again every interval. A read that fails removes nothing.
     loop {
         match args.source.list() {
-            Ok(list) => syncer.sync_logged(&list.items.iter().collect::<Vec<_>>(), &mut BTreeSet::new(), None),
+            Ok(list) => syncer.sync_logged(&list.iter().collect::<Vec<_>>(), &mut BTreeSet::new(), None),
             Err(e) => log::error!("reading the nodes failed: {e:#}; no route removed"),
         }
         sleep(interval);
     }
+}
+
+/// The node file's `kubeProxyReplacement` (off without a node file, or with one that cannot be
+/// read: that is logged where the preload reads it too).
+fn kube_proxy_replacement(path: &Path) -> bool {
+    let on = node_conf::NodeConf::load(path).ok().flatten().and_then(|n| n.kube_proxy_replacement).unwrap_or(false);
+    if on {
+        log::info!("kubeProxyReplacement: serving Services from the API server's Services and EndpointSlices");
+    }
+    on
 }

@@ -8,7 +8,10 @@ use std::{
 
 use ipnetwork::IpNetwork;
 
-use crate::{kube::Node, net::routes::MainRoutes};
+use crate::{
+    kube::{Node, NodeExt as _},
+    net::routes::MainRoutes,
+};
 
 /// Destination → gateway.
 pub type Routes = BTreeMap<IpNetwork, IpAddr>;
@@ -17,7 +20,7 @@ pub type Routes = BTreeMap<IpNetwork, IpAddr>;
 /// via the IPv6 one. A family the node lacks either of yet (a new node before the controller
 /// manager gave it a CIDR, a single-stack node) gets no route until it has both.
 pub fn wanted_routes(nodes: &[&Node], own: &str) -> Routes {
-    nodes.iter().filter(|n| n.metadata.name != own).flat_map(|n| node_routes(n)).collect()
+    nodes.iter().filter(|n| n.node_name() != own).flat_map(|n| node_routes(n)).collect()
 }
 
 /// A node's routes: one per family it has both a pod CIDR and an InternalIP of.
@@ -37,7 +40,7 @@ pub fn pod_cidrs(node: &Node) -> impl Iterator<Item = IpNetwork> {
 pub fn doubt(nodes: &[&Node], own: &str) -> Option<String> {
     if nodes.is_empty() {
         Some("the node list is empty".into())
-    } else if !nodes.iter().any(|n| n.metadata.name == own) {
+    } else if !nodes.iter().any(|n| n.node_name() == own) {
         Some(format!("this node ({own}) is not in the node list"))
     } else {
         None

@@ -22,7 +22,8 @@ pub struct Changes {
 
 pub struct Syncer {
     runtime: tokio::runtime::Runtime,
-    own: String,
+    /// This node's name.
+    pub own: String,
     /// Every sync's outcome, for the metrics.
     stats: Arc<Stats>,
 }

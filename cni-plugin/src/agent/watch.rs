@@ -1,123 +1,108 @@
-//! The agent against an API server: one list, then a watch of the changes, resumed where it
-//! ended. Each node's agent costs the API server one request per --interval instead of a list of
+//! The agent against an API server: kube's watcher lists the nodes once, then watches the
+//! changes, resuming where a watch ended (`kube/feed.rs`); this loop turns its updates into route
+//! syncs. Each node's agent costs the API server one request per --interval instead of a list of
 //! every node (N² load across the cluster).
-use std::{collections::BTreeSet, thread::sleep, time::Duration};
-
-use anyhow::Result;
-use ipnetwork::IpNetwork;
+use std::{
+    collections::BTreeSet,
+    sync::mpsc::{Receiver, TryRecvError},
+    time::Duration,
+};
 
 use super::{plan::pod_cidrs, sync::Syncer};
-use crate::kube::{Api, Change, NodeCache};
+use crate::kube::{Node, NodeCache, Update};
 
-pub fn run(api: &Api, syncer: &Syncer, round: Duration) -> ! {
-    let mut backoff = Backoff::default();
-    let mut cache: Option<NodeCache> = None;
-    // Pod CIDRs of nodes whose DELETED event came: their routes go even when the rest of the
-    // picture is in doubt.
-    let mut deleted = BTreeSet::new();
-    loop {
-        let Some(nodes) = &mut cache else {
-            match api.list_nodes().and_then(NodeCache::new) {
-                Ok(listed) => {
-                    backoff.reset();
-                    syncer.sync_logged(&listed.nodes(), &mut deleted, None);
-                    cache = Some(listed);
-                }
-                Err(e) => {
-                    let wait = backoff.next();
-                    log::error!("listing nodes failed: {e:#}; no route removed; again in {wait:?}");
-                    sleep(wait);
-                }
-            }
-            continue;
-        };
-        match watch(api, nodes, syncer, &mut deleted, round, &mut backoff) {
-            // The server's own timeout: the routes are checked (one deleted by hand comes back)
-            // and the watch goes on from where it was.
-            Ok(None) => syncer.sync_logged(&nodes.nodes(), &mut deleted, None),
-            Ok(Some(why)) => {
-                log::info!("the watch cannot resume ({why}): listing the nodes again");
-                cache = None;
-            }
-            Err(e) => {
-                let wait = backoff.next();
-                let version = nodes.resource_version();
-                log::warn!("watching nodes: {e:#}; resuming from resource version {version} in {wait:?}");
-                syncer.sync_logged(&nodes.nodes(), &mut deleted, Some("the watch failed"));
-                sleep(wait);
+/// Follows `updates` for as long as the watch thread lives; `round` is each watch's length;
+/// `own` is told each state of this node as it comes (the Service model's NodePort addresses).
+pub fn run(updates: &Receiver<Update<Node>>, syncer: &Syncer, round: Duration, mut own: impl FnMut(&Node)) {
+    let mut state = State { cache: None, deleted: BTreeSet::new(), failure: None, listed: false, round };
+    // A burst of events (many nodes joining at once) is drained, then synced once.
+    while let Ok(first) = updates.recv() {
+        let (mut todo, mut ended) = (Todo::default(), false);
+        let mut next = Some(first);
+        while let Some(update) = next.take() {
+            state.take(update, &mut todo);
+            match updates.try_recv() {
+                Ok(update) => next = Some(update),
+                Err(TryRecvError::Disconnected) => ended = true,
+                Err(TryRecvError::Empty) => {}
             }
         }
+        let Some(cache) = &state.cache else { continue };
+        if let Some(node) = cache.get(&syncer.own) {
+            own(node);
+        }
+        if todo.sync {
+            syncer.sync_logged(&cache.nodes(), &mut state.deleted, todo.stale);
+        }
+        if ended {
+            break;
+        }
     }
+    log::error!("the watch of the nodes stopped");
 }
 
-/// One watch request, its events applied as they come. `Some(why)` when only a new list can go
-/// on; `None` when the server ended the watch.
-fn watch(
-    api: &Api,
-    cache: &mut NodeCache,
-    syncer: &Syncer,
-    deleted: &mut BTreeSet<IpNetwork>,
+struct State {
+    cache: Option<NodeCache>,
+    /// Pod CIDRs of nodes whose DELETED event came: their routes go even when the rest of the
+    /// picture is in doubt.
+    deleted: BTreeSet<ipnetwork::IpNetwork>,
+    /// The last failure, until a watch resumes.
+    failure: Option<String>,
+    /// A list was just synced: the watch that follows it needs no check of its own.
+    listed: bool,
     round: Duration,
-    backoff: &mut Backoff,
-) -> Result<Option<String>> {
-    let Some(mut events) = api.watch_nodes(cache.resource_version(), round)? else {
-        return Ok(Some("410 Gone".into()));
-    };
-    let mut dirty = false;
-    while let Some(event) = events.next()? {
-        // Events flow: the connection works, and the next failure starts the backoff afresh.
-        backoff.reset();
-        match cache.apply(event)? {
-            Change::None => {}
-            Change::Nodes => dirty = true,
-            Change::Deleted(node) => {
-                deleted.extend(pod_cidrs(&node));
-                dirty = true;
+}
+
+#[derive(Default)]
+struct Todo {
+    sync: bool,
+    stale: Option<&'static str>,
+}
+
+impl State {
+    fn take(&mut self, update: Update<Node>, todo: &mut Todo) {
+        match update {
+            Update::Listed(nodes) => {
+                self.cache = Some(NodeCache::new(nodes));
+                self.listed = true;
+                // A complete list: what the watch failures said no longer matters.
+                *todo = Todo { sync: true, stale: None };
             }
-            Change::Relist(why) => return Ok(Some(why)),
+            Update::Applied(node) => {
+                if let Some(cache) = &mut self.cache {
+                    todo.sync |= cache.apply(node);
+                }
+            }
+            Update::Deleted(node) => {
+                if let Some(cache) = &mut self.cache {
+                    self.deleted.extend(pod_cidrs(&cache.delete(node)));
+                    todo.sync = true;
+                }
+            }
+            // The previous watch ended (its round, or a failure): the routes are checked again
+            // (one deleted by hand comes back) as the watch goes on.
+            Update::Resumed { version, lasted } => {
+                // The server ends a watch at its round; earlier, the connection dropped.
+                let dropped = lasted.filter(|l| *l + Duration::from_secs(1) < self.round);
+                if let Some(why) = self.failure.take() {
+                    log::info!("watching nodes: resuming from resource version {version} after: {why}");
+                } else if let Some(lasted) = dropped {
+                    log::info!(
+                        "watching nodes: the watch ended after {lasted:.1?}: resuming from resource version {version}"
+                    );
+                }
+                todo.sync |= !std::mem::take(&mut self.listed);
+            }
+            Update::Failed { listing: true, error } => {
+                log::error!("listing nodes failed: {error}; no route removed; trying again after a backoff");
+                self.failure = Some(error);
+            }
+            Update::Failed { listing: false, error } => {
+                log::warn!("watching nodes: {error}; resuming after a backoff");
+                self.failure = Some(error);
+                self.listed = false;
+                *todo = Todo { sync: self.cache.is_some(), stale: Some("the watch failed") };
+            }
         }
-        if dirty && !events.has_more() {
-            syncer.sync_logged(&cache.nodes(), deleted, None);
-            dirty = false;
-        }
-    }
-    Ok(None)
-}
-
-/// The wait between attempts against a failing API server: 1 s, doubling up to 30 s.
-struct Backoff(Duration);
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_secs(1);
-    const MAX: Duration = Duration::from_secs(30);
-
-    fn next(&mut self) -> Duration {
-        let wait = self.0;
-        self.0 = (wait * 2).min(Self::MAX);
-        wait
-    }
-
-    fn reset(&mut self) {
-        self.0 = Self::FIRST;
-    }
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self(Self::FIRST)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backs_off_up_to_half_a_minute() {
-        let mut backoff = Backoff::default();
-        let waits: Vec<u64> = (0..7).map(|_| backoff.next().as_secs()).collect();
-        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
-        backoff.reset();
-        assert_eq!(backoff.next(), Duration::from_secs(1));
     }
 }

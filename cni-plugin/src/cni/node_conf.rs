@@ -76,6 +76,10 @@ pub struct NodeConf {
     pub bpffs_root: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_file: Option<PathBuf>,
+    /// The agent serves the cluster's Services itself (watching Services and EndpointSlices),
+    /// in place of kube-proxy. Off when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kube_proxy_replacement: Option<bool>,
     /// The built-in host-local IPAM's `dataDir`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipam_data_dir: Option<PathBuf>,

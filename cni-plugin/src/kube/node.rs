@@ -1,93 +1,57 @@
-//! The parts of a Kubernetes Node object the installer and the agent read: its name, its pod
-//! CIDRs and its internal addresses, one of each per family; and the resource versions a watch
-//! resumes from.
+//! What the installer and the agent read of a Kubernetes Node (k8s-openapi's type): its name,
+//! its pod CIDRs and its internal addresses, one of each per family.
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnetwork::{Ipv4Network, Ipv6Network};
-use serde::Deserialize;
+pub use k8s_openapi::api::core::v1::Node;
 
-#[derive(Debug, Deserialize)]
-pub struct NodeList {
-    /// The list's resource version: where a watch of the changes since the list starts.
-    #[serde(default)]
-    pub metadata: ListMeta,
-    pub items: Vec<Node>,
-}
+/// `GET /api/v1/nodes`'s answer (a `NodeList`).
+pub type NodeList = k8s_openapi::List<Node>;
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ListMeta {
-    pub resource_version: Option<String>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-pub struct Node {
-    pub metadata: Metadata,
-    #[serde(default)]
-    pub spec: Spec,
-    #[serde(default)]
-    pub status: Status,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Metadata {
-    pub name: String,
-    pub resource_version: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Spec {
-    #[serde(rename = "podCIDR")]
-    pub pod_cidr: Option<String>,
-    /// Dual-stack clusters list one CIDR per family here; `podCIDR` is the first of them.
-    #[serde(rename = "podCIDRs", default)]
-    pub pod_cidrs: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Status {
-    #[serde(default)]
-    pub addresses: Vec<Address>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-pub struct Address {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub address: String,
-}
-
-impl Node {
+pub trait NodeExt {
+    fn node_name(&self) -> &str;
     /// The node's IPv4 pod CIDR (from `podCIDRs`, else `podCIDR`), if it has one.
-    pub fn pod_cidr_v4(&self) -> Option<Ipv4Network> {
-        self.pod_cidr_texts().find_map(|c| c.parse().ok())
-    }
-
+    fn pod_cidr_v4(&self) -> Option<Ipv4Network>;
     /// The node's IPv6 pod CIDR (from `podCIDRs`, else `podCIDR`: an IPv6-first cluster names
     /// its IPv6 CIDR there), if it has one.
-    pub fn pod_cidr_v6(&self) -> Option<Ipv6Network> {
-        self.pod_cidr_texts().find_map(|c| c.parse().ok())
-    }
-
+    fn pod_cidr_v6(&self) -> Option<Ipv6Network>;
     /// The node's IPv4 `InternalIP`: where other nodes send its pods' traffic (host-gw).
-    pub fn internal_ipv4(&self) -> Option<Ipv4Addr> {
-        self.internal_ips().find_map(|a| a.parse().ok())
-    }
-
+    fn internal_ipv4(&self) -> Option<Ipv4Addr>;
     /// The node's IPv6 `InternalIP`: a dual-stack node lists one `InternalIP` per family.
-    pub fn internal_ipv6(&self) -> Option<Ipv6Addr> {
-        self.internal_ips().find_map(|a| a.parse().ok())
+    fn internal_ipv6(&self) -> Option<Ipv6Addr>;
+}
+
+impl NodeExt for Node {
+    fn node_name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
     }
 
-    fn pod_cidr_texts(&self) -> impl Iterator<Item = &String> {
-        self.spec.pod_cidrs.iter().chain(&self.spec.pod_cidr)
+    fn pod_cidr_v4(&self) -> Option<Ipv4Network> {
+        pod_cidr_texts(self).find_map(|c| c.parse().ok())
     }
 
-    fn internal_ips(&self) -> impl Iterator<Item = &str> {
-        self.status.addresses.iter().filter(|a| a.kind == "InternalIP").map(|a| a.address.as_str())
+    fn pod_cidr_v6(&self) -> Option<Ipv6Network> {
+        pod_cidr_texts(self).find_map(|c| c.parse().ok())
     }
+
+    fn internal_ipv4(&self) -> Option<Ipv4Addr> {
+        internal_ips(self).find_map(|a| a.parse().ok())
+    }
+
+    fn internal_ipv6(&self) -> Option<Ipv6Addr> {
+        internal_ips(self).find_map(|a| a.parse().ok())
+    }
+}
+
+fn pod_cidr_texts(node: &Node) -> impl Iterator<Item = &String> {
+    let spec = node.spec.as_ref();
+    let cidrs = spec.and_then(|s| s.pod_cidrs.as_ref()).into_iter().flatten();
+    cidrs.chain(spec.and_then(|s| s.pod_cidr.as_ref()))
+}
+
+fn internal_ips(node: &Node) -> impl Iterator<Item = &str> {
+    let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref()).into_iter().flatten();
+    addresses.filter(|a| a.type_ == "InternalIP").map(|a| a.address.as_str())
 }
 
 #[cfg(test)]
@@ -106,6 +70,7 @@ mod tests {
         .unwrap();
         assert_eq!(list.metadata.resource_version.as_deref(), Some("7"));
         let a = &list.items[0];
+        assert_eq!(a.node_name(), "a");
         assert_eq!(a.pod_cidr_v4().unwrap().to_string(), "10.244.1.0/24");
         assert_eq!(a.internal_ipv4(), Some(Ipv4Addr::new(192, 168, 1, 10)));
         assert_eq!(a.pod_cidr_v6().unwrap().to_string(), "fd00:1::/64");
