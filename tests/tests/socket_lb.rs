@@ -8,151 +8,19 @@
 //! UDP socket moved to a live backend within 1 s of its backend's removal, an open TCP
 //! connection to a removed backend ended at once, and nothing left after the last DEL.
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{SocketAddr, TcpListener, UdpSocket},
-    process::{Child, Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
+    net::SocketAddr,
+    process::Command,
     time::{Duration, Instant},
 };
 
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
-    lan::{Ipv6Plan, Lan, LanPod},
+    lan::{Ipv6Plan, Lan},
     run, run_in,
-    traffic::in_netns,
+    service_probe::{Client, TCP_PORT, Tagged, UDP_PORT},
 };
 use ebpf_common::{DropReason, ForwardPath};
 use serde_json::{Value, json};
-
-const TCP_PORT: u16 = 8080;
-const UDP_PORT: u16 = 5353;
-
-/// The client: one mode per argument list, one JSON line per result.
-const CLIENT: &str = r#"
-import json, socket, sys, time
-mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-fam = socket.AF_INET6 if ':' in host else socket.AF_INET
-def out(**kw): print(json.dumps(kw), flush=True)
-def peer(s): a = s.getpeername(); return "[%s]:%d" % a[:2] if fam == socket.AF_INET6 else "%s:%d" % a[:2]
-def fmt(a): return "[%s]:%d" % a[:2] if fam == socket.AF_INET6 else "%s:%d" % a[:2]
-t = time.monotonic()
-try:
-    if mode in ("tcp", "tcp-hold"):
-        s = socket.socket(fam, socket.SOCK_STREAM); s.settimeout(3)
-        s.connect((host, port)); s.sendall(b"q")
-        out(peer=peer(s), reply=s.recv(64).decode())
-        if mode == "tcp-hold":
-            s.settimeout(20); t = time.monotonic()
-            try: d = s.recv(64); out(ended="eof" if not d else "data", ms=(time.monotonic() - t) * 1000)
-            except OSError as e: out(ended=e.errno, ms=(time.monotonic() - t) * 1000)
-    elif mode == "udp":
-        s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(0.2); s.connect((host, port))
-        for _ in range(int(sys.argv[4])):
-            try: s.send(b"q"); out(peer=peer(s), reply=s.recv(64).decode())
-            except socket.timeout: out(timeout=True)
-            except OSError as e: out(error=e.errno)
-            time.sleep(float(sys.argv[5]))
-    elif mode == "udp-unconnected":
-        s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(2); s.sendto(b"q", (host, port))
-        d, a = s.recvfrom(64); out(source=fmt(a), reply=d.decode())
-except OSError as e:
-    out(error=e.errno, ms=(time.monotonic() - t) * 1000)
-"#;
-
-/// A client process in the cgroup and `pod`'s namespace; its result lines on a channel.
-struct Client {
-    child: Child,
-    lines: mpsc::Receiver<Value>,
-}
-
-impl Client {
-    fn start(cgroup: &TestCgroup, pod: &LanPod, args: &[&str]) -> Self {
-        let mut command = Command::new("nsenter");
-        command.arg(format!("--net=/run/netns/{}", pod.netns)).args(["python3", "-c", CLIENT]).args(args);
-        command.stdout(Stdio::piped()).stdin(Stdio::null());
-        cgroup.confine(&mut command).unwrap();
-        let mut child = command.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(serde_json::from_str(&line).unwrap_or(Value::String(line)));
-            }
-        });
-        Self { child, lines }
-    }
-
-    fn next(&self, within: Duration) -> Value {
-        self.lines.recv_timeout(within).unwrap_or_else(|_| panic!("no result from the client within {within:?}"))
-    }
-
-    /// Runs a one-shot client to its single result.
-    fn once(cgroup: &TestCgroup, pod: &LanPod, args: &[&str]) -> Value {
-        let mut client = Self::start(cgroup, pod, args);
-        let result = client.next(Duration::from_secs(5));
-        let _ = client.child.wait();
-        result
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        // Our own child, by its PID.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// TCP and UDP servers in a pod answering every request with `tag` (which backend answered);
-/// TCP connections stay open until the client closes them.
-struct Tagged {
-    stop: Arc<AtomicBool>,
-}
-
-impl Tagged {
-    fn start(netns: &str, tag: &'static str) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let tcp: TcpListener = in_netns(netns, || Ok(TcpListener::bind(("::", TCP_PORT))?)).unwrap();
-        let udp: UdpSocket = in_netns(netns, || Ok(UdpSocket::bind(("::", UDP_PORT))?)).unwrap();
-        tcp.set_nonblocking(true).unwrap();
-        udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let halt = stop.clone();
-        std::thread::spawn(move || {
-            while !halt.load(Ordering::Relaxed) {
-                match tcp.accept() {
-                    Ok((mut stream, _)) => drop(std::thread::spawn(move || {
-                        let _ = stream.set_nonblocking(false);
-                        let mut buf = [0u8; 64];
-                        while matches!(stream.read(&mut buf), Ok(n) if n > 0) {
-                            let _ = stream.write_all(tag.as_bytes());
-                        }
-                    })),
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
-        });
-        let halt = stop.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 64];
-            while !halt.load(Ordering::Relaxed) {
-                if let Ok((_, peer)) = udp.recv_from(&mut buf) {
-                    let _ = udp.send_to(tag.as_bytes(), peer);
-                }
-            }
-        });
-        Self { stop }
-    }
-}
-
-impl Drop for Tagged {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
 
 /// `ebpf-cni service-set` on node 1's network: what settling did.
 fn service_set(lan: &Lan, frontend: &str, protocol: &str, backends: &[String], extra: &[&str]) -> Value {

@@ -6,6 +6,7 @@
 //! it also keeps that network's datapath loaded ahead of its first pod (`preload.rs`).
 mod plan;
 mod preload;
+mod service_maps;
 mod services;
 mod stats;
 mod sync;
@@ -122,6 +123,7 @@ pub fn run(args: Agent) -> Result<()> {
         anyhow::ensure!(failures.is_empty(), "{} routes could not be set: {}", failures.len(), failures.join("; "));
         return Ok(());
     }
+    let primary_pins = preload.as_ref().map(|p| p.pins());
     if let Some(preload) = preload {
         // The last pod's DEL unloads the datapath: load it again before the next first pod. And
         // masquerade's shares are counted again from NAT (they only err high in between).
@@ -138,7 +140,8 @@ pub fn run(args: Agent) -> Result<()> {
         let mut feed = kube::Feed::new(target, interval)?;
         let (nodes, updates) = channel();
         feed.watch(nodes, |update| update);
-        let services = kube_proxy_replacement.then(|| services::start(&mut feed, &args.node, args.services_dump));
+        let services =
+            kube_proxy_replacement.then(|| services::start(&mut feed, &args.node, args.services_dump, primary_pins));
         feed.start();
         let mut addrs = Vec::new();
         watch::run(&updates, &syncer, interval, |node| {

@@ -30,6 +30,11 @@ pub struct Preload {
 }
 
 impl Preload {
+    /// The primary network's pins.
+    pub fn pins(&self) -> Pins {
+        Pins::current(&self.conf.bpffs_root(), &self.conf.name)
+    }
+
     /// What to keep loaded, or None (and why, logged) when the node file at `path` does not say.
     pub fn from_node_file(path: &Path) -> Result<Option<Self>> {
         let node = NodeConf::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;

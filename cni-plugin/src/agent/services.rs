@@ -12,7 +12,9 @@ use std::{
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use serde_json::json;
 
+use super::service_maps::MapSink;
 use crate::{
+    bpf::Pins,
     kube::{Feed, Update},
     services::{DEFAULT_MAX_BACKENDS, LogSink, Model, Node, ServiceSink},
 };
@@ -30,12 +32,19 @@ pub enum Input {
 const QUIET: Duration = Duration::from_millis(100);
 
 /// Adds the two watches to `feed` and starts the model's thread; its input.
-pub fn start(feed: &mut Feed, own: &str, dump: Option<PathBuf>) -> Sender<Input> {
+/// `pins`: the primary network's, whose socket LB maps the Services go into (none: logged only).
+pub fn start(feed: &mut Feed, own: &str, dump: Option<PathBuf>, pins: Option<Pins>) -> Sender<Input> {
     let (tx, rx) = channel();
     feed.watch(tx.clone(), |update| Input::Services(Box::new(update)));
     feed.watch(tx.clone(), |update| Input::Slices(Box::new(update)));
     let node = Node { name: own.to_string(), addrs: Vec::new() };
-    std::thread::spawn(move || run(&rx, Model::new(node, DEFAULT_MAX_BACKENDS), &mut LogSink::default(), dump));
+    std::thread::spawn(move || {
+        let mut sink: Box<dyn ServiceSink> = match pins {
+            Some(pins) => Box::new(MapSink::new(pins)),
+            None => Box::new(LogSink::default()),
+        };
+        run(&rx, Model::new(node, DEFAULT_MAX_BACKENDS), sink.as_mut(), dump)
+    });
     tx
 }
 
@@ -48,6 +57,9 @@ fn run(input: &Receiver<Input>, mut model: Model, sink: &mut dyn ServiceSink, du
         let first = match input.recv_timeout(QUIET) {
             Ok(first) => first,
             Err(RecvTimeoutError::Timeout) => {
+                if synced {
+                    sink.idle();
+                }
                 if let Some(path) = dump.as_deref().filter(|_| std::mem::take(&mut dump_due)) {
                     write_dump(path, &model, synced);
                 }

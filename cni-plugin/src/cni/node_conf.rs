@@ -76,15 +76,12 @@ pub struct NodeConf {
     pub bpffs_root: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_file: Option<PathBuf>,
-    /// The agent serves the cluster's Services itself (watching Services and EndpointSlices),
-    /// in place of kube-proxy. Off when unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kube_proxy_replacement: Option<bool>,
     /// The built-in host-local IPAM's `dataDir`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipam_data_dir: Option<PathBuf>,
-    /// The primary network translates Services itself (the socket LB's cgroup programs) instead
-    /// of leaving them to kube-proxy.
+    /// The primary network serves the cluster's Services itself, in place of kube-proxy: the
+    /// agent watches Services and EndpointSlices and writes them into the socket LB's maps, whose
+    /// cgroup programs translate connections. Off when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kube_proxy_replacement: Option<bool>,
     /// Where the socket LB's programs attach: every process in this cgroup or below has its

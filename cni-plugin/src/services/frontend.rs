@@ -102,4 +102,6 @@ pub trait ServiceSink {
     fn upsert(&mut self, frontend: &Frontend, entry: &Entry);
     fn remove(&mut self, frontend: &Frontend);
     fn flush(&mut self) {}
+    /// Called when no change came for a while: a writer may check its target is still there.
+    fn idle(&mut self) {}
 }

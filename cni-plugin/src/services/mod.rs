@@ -1,7 +1,7 @@
 //! What the datapath must serve for the cluster's Services, kept from the API server's Services
 //! and EndpointSlices by kube-proxy's rules; pure Rust, no BPF. The agent feeds the [`Model`]
 //! (with `kubeProxyReplacement` on) and hands what changed to a [`ServiceSink`]: the BPF
-//! writer's, or for now [`LogSink`].
+//! writer's (the agent's `service_maps.rs`), or [`LogSink`].
 //!
 //! - `spec.rs`: the objects read into what a translation needs, bad input counted and logged;
 //! - `translate.rs`: one Service's frontends and their backends;
@@ -15,7 +15,7 @@ mod stats;
 mod tests;
 mod translate;
 
-pub use frontend::{Entry, Frontend, ServiceSink};
+pub use frontend::{Entry, Frontend, Protocol, ServiceSink};
 pub use model::{DEFAULT_MAX_BACKENDS, Model};
 pub use translate::Node;
 

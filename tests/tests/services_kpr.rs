@@ -1,0 +1,166 @@
+//! Issue 25 end to end: `ebpf-cni agent` with `kubeProxyReplacement` watches a fake API server's
+//! Services and EndpointSlices and writes them into the socket LB's maps; a pod's client (in the
+//! test's own cgroup) reaches the Service's backends with no kube-proxy and not one iptables or
+//! nft rule on the node. An EndpointSlice change moves new connections to the new backend
+//! within 100 ms of the event and a connected UDP socket within 1 s; a Service without endpoints
+//! is refused at once; the agent restarted keeps the Services serving.
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    path::Path,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use ebpf_cni_tests::{
+    FakeStore,
+    agent::RunningAgent,
+    cgroup::TestCgroup,
+    fake_store::{NODES, SERVICES, SLICES},
+    lan::{LAN_NODE_IPS, Lan, LanPod},
+    run_in,
+    service_probe::{Client, TCP_PORT, Tagged, UDP_PORT},
+};
+use serde_json::{Value, json};
+
+const API: &str = "127.0.0.1:6443";
+const CLUSTER_CIDR: &str = "10.206.0.0/16";
+const VIP: &str = "10.96.6.10";
+
+fn service(name: &str, ip: &str) -> Value {
+    json!({ "metadata": { "namespace": "default", "name": name },
+            "spec": { "type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip], "ipFamilies": ["IPv4"],
+                      "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": TCP_PORT },
+                                { "name": "dns", "port": 53, "protocol": "UDP", "targetPort": UDP_PORT }] } })
+}
+
+fn slice(name: &str, service: &str, pods: &[&LanPod]) -> Value {
+    let endpoints: Vec<Value> = pods
+        .iter()
+        .map(|p| json!({ "addresses": [p.ip.to_string()], "conditions": { "ready": true, "serving": true, "terminating": false } }))
+        .collect();
+    json!({ "metadata": { "namespace": "default", "name": name, "labels": { "kubernetes.io/service-name": service } },
+            "addressType": "IPv4", "endpoints": endpoints,
+            "ports": [{ "name": "http", "port": TCP_PORT, "protocol": "TCP" }, { "name": "dns", "port": UDP_PORT, "protocol": "UDP" }] })
+}
+
+/// `ebpf-cni inspect services -o json` on node 1: each frontend with its backends.
+fn datapath_services(lan: &Lan) -> Vec<(String, Vec<String>)> {
+    let tb = &lan.nodes[0];
+    let out = std::process::Command::new(&tb.plugin.binary)
+        .args(["inspect", "services", "-o", "json", "--bpffs-root"])
+        .arg(tb.bpffs_root())
+        .output()
+        .unwrap();
+    let Ok(all) = serde_json::from_slice::<Value>(&out.stdout) else { return Vec::new() };
+    let services = all.as_array().cloned().unwrap_or_default();
+    services
+        .iter()
+        .map(|s| {
+            let f = &s["frontend"];
+            let key =
+                format!("{}:{}/{}", f["ip"].as_str().unwrap_or(""), f["port"], f["protocol"].as_str().unwrap_or(""));
+            let backends =
+                s["backends"].as_array().map(|b| b.iter().filter_map(|x| x.as_str().map(String::from)).collect());
+            (key, backends.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Waits until the datapath holds `backends` for the TCP frontend; how long it took.
+fn wait_backends(lan: &Lan, backends: &[&LanPod], agent: &RunningAgent) -> Duration {
+    let start = Instant::now();
+    let want: Vec<String> = backends.iter().map(|p| SocketAddrV4::new(p.ip, TCP_PORT).to_string()).collect();
+    loop {
+        let now = datapath_services(lan);
+        if now.iter().any(|(f, b)| f == &format!("{VIP}:80/tcp") && *b == want) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "datapath {now:?}, want {want:?}; log:\n{}", agent.log());
+        sleep(Duration::from_millis(5));
+    }
+}
+
+fn start_agent(lan: &Lan, node_file: &Path) -> RunningAgent {
+    let args = ["--api-server", "http://127.0.0.1:6443", "--node-conf", node_file.to_str().unwrap(), "--interval", "1"];
+    RunningAgent::start(&lan.nodes[0], "node-1", &args).unwrap()
+}
+
+#[test]
+fn the_agent_serves_services_without_kube_proxy() {
+    let test = "the_agent_serves_services_without_kube_proxy";
+    let Some(mut lan) = Lan::for_test(test, "kpr", CLUSTER_CIDR, ["10.206.1.0/24", "10.206.2.0/24"]) else {
+        return;
+    };
+    let cgroup = TestCgroup::create(&format!("{}-kpr", lan.nodes[0].run_id)).unwrap();
+    let tb = &lan.nodes[0];
+    let node_file = tb.data_dir().with_file_name("node.json");
+    let node = json!({
+        "primaryNetwork": tb.network, "ipMasq": true, "clusterCIDR": CLUSTER_CIDR, "podCIDRs": [tb.subnet],
+        "bpffsRoot": tb.bpffs_root(), "ipamDataDir": tb.data_dir(),
+        "kubeProxyReplacement": true, "cgroupRoot": cgroup.path(),
+    });
+    std::fs::write(&node_file, node.to_string()).unwrap();
+    lan.use_node_conf(0, &node_file);
+    let (client, a) = (lan.add_pod(0).unwrap(), lan.add_pod(0).unwrap());
+    let b = lan.add_pod(1).unwrap();
+    let (_a, _b) = (Tagged::start(&a.netns, "A"), Tagged::start(&b.netns, "B"));
+    let node_ip: Ipv4Addr = LAN_NODE_IPS[0].parse().unwrap();
+
+    let store = FakeStore::start(&lan.nodes[0].node.name, API.parse::<SocketAddrV4>().unwrap());
+    store.put(
+        NODES,
+        [json!({ "metadata": { "name": "node-1" }, "spec": { "podCIDR": lan.nodes[0].subnet },
+                              "status": { "addresses": [{ "type": "InternalIP", "address": node_ip.to_string() }] } })],
+    );
+    store.put(SERVICES, [service("web", VIP), service("empty", "10.96.6.20")]);
+    store.put(SLICES, [slice("web-1", "web", &[&a])]);
+    let agent = start_agent(&lan, &node_file);
+    let first = wait_backends(&lan, &[&a], &agent);
+    println!("first list -> datapath: {first:?}");
+
+    // No kube-proxy: not one rule on node 1.
+    let ruleset = run_in(&lan.nodes[0].node.name, "nft", &["list", "ruleset"]).unwrap();
+    assert_eq!(String::from_utf8_lossy(&ruleset.stdout).trim(), "", "node 1 has nft rules");
+    let saved = run_in(&lan.nodes[0].node.name, "iptables-save", &[]).unwrap();
+    assert!(!String::from_utf8_lossy(&saved.stdout).contains("\n-A "), "node 1 has iptables rules");
+
+    assert_eq!(Client::once(&cgroup, &client, &["tcp", VIP, "80"]), json!({"peer": format!("{VIP}:80"), "reply": "A"}));
+    let resolver = Client::start(&cgroup, &client, &["udp", VIP, "53", "300", "0.02"]);
+    assert_eq!(resolver.next(Duration::from_secs(3)), json!({"peer": format!("{VIP}:53"), "reply": "A"}));
+
+    // The endpoint moves to the other node: the datapath follows within 100 ms of the event,
+    // and the connected UDP socket reaches the new backend within 1 s.
+    store.put(SLICES, [slice("web-1", "web", &[&b])]);
+    let moved = wait_backends(&lan, &[&b], &agent);
+    println!("EndpointSlice change -> datapath: {moved:?}");
+    assert!(moved < Duration::from_millis(100), "the change took {moved:?}");
+    assert_eq!(Client::once(&cgroup, &client, &["tcp", VIP, "80"])["reply"], json!("B"));
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let line = resolver.next(Duration::from_secs(2));
+        if line["reply"] == json!("B") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the connected UDP socket is still not on B: {line}");
+    }
+
+    // A Service without an endpoint is refused at once.
+    let refused = Client::once(&cgroup, &client, &["tcp", "10.96.6.20", "80"]);
+    assert_eq!(refused["error"], json!(libc::ECONNREFUSED), "{refused}");
+    assert!(refused["ms"].as_f64().unwrap() < 100.0, "{refused}");
+
+    // The agent restarted: the Services keep serving while it lists again, and after.
+    drop(agent);
+    assert_eq!(Client::once(&cgroup, &client, &["tcp", VIP, "80"])["reply"], json!("B"), "without the agent");
+    let agent = start_agent(&lan, &node_file);
+    store.put(SLICES, [slice("web-1", "web", &[&a, &b])]);
+    wait_backends(&lan, &[&a, &b], &agent);
+    store.delete(SERVICES, "default/web");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while datapath_services(&lan).iter().any(|(f, _)| f.starts_with(VIP)) {
+        assert!(Instant::now() < deadline, "a deleted Service stays in the datapath; log:\n{}", agent.log());
+        sleep(Duration::from_millis(10));
+    }
+    let log = agent.log();
+    assert!(!log.contains("panicked"), "{log}");
+}
