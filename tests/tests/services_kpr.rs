@@ -17,7 +17,7 @@ use ebpf_cni_tests::{
     cgroup::TestCgroup,
     fake_store::{NODES, SERVICES, SLICES},
     lan::{LAN_NODE_IPS, Lan, LanPod},
-    run_in,
+    prometheus, run_in,
     service_probe::{Client, TCP_PORT, Tagged, UDP_PORT},
 };
 use serde_json::{Value, json};
@@ -148,6 +148,19 @@ fn the_agent_serves_services_without_kube_proxy() {
     let refused = Client::once(&cgroup, &client, &["tcp", "10.96.6.20", "80"]);
     assert_eq!(refused["error"], json!(libc::ECONNREFUSED), "{refused}");
     assert!(refused["ms"].as_f64().unwrap() < 100.0, "{refused}");
+
+    // The socket LB's figures in the metrics.
+    let out = std::process::Command::new(&lan.nodes[0].plugin.binary)
+        .args(["metrics", "--bpffs-root", lan.nodes[0].bpffs_root().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let families = prometheus::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let net = lan.nodes[0].network.as_str();
+    let connects =
+        prometheus::value(&families, "ebpf_cni_service_translations_total", &[("network", net), ("event", "connect")]);
+    assert!(connects.unwrap_or(0.0) >= 3.0, "connect translations: {connects:?}");
+    let frontends = prometheus::value(&families, "ebpf_cni_service_frontends", &[("network", net)]);
+    assert_eq!(frontends, Some(4.0), "2 Services × TCP and UDP");
 
     // The agent restarted: the Services keep serving while it lists again, and after.
     drop(agent);

@@ -13,7 +13,10 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
     programs::ProgramInfo,
 };
-use ebpf_common::{Counter, DatapathConfig, DropReason, Endpoint, ForwardPath, IpKey, names};
+use ebpf_common::{
+    Affinity, AffinityKey, Counter, DatapathConfig, DropReason, Endpoint, ForwardPath, IpKey, Service, ServiceEvent,
+    ServiceKey, names,
+};
 
 use super::Pins;
 
@@ -81,6 +84,28 @@ pub fn forwarded_counters(pins: &Pins) -> Result<Option<Vec<(ForwardPath, Counte
     }
     let sums = per_cpu_sums(pins, names::FORWARDED, ForwardPath::ALL.map(|p| p as u32))?;
     Ok(Some(ForwardPath::ALL.into_iter().zip(sums).collect()))
+}
+
+/// The socket LB's events (`SVC_COUNTERS`, summed over CPUs) and its frontends and affinity
+/// entries; `None` without the socket LB (not `kubeProxyReplacement`: its programs' links are
+/// in `links/`, though the maps are pinned all the same; or another layout).
+pub fn service_figures(pins: &Pins) -> Result<Option<ServiceFigures>> {
+    let attached = fs::read_dir(pins.version_dir().join("links")).is_ok_and(|mut links| links.next().is_some());
+    if !attached || !pins.map(names::SVC_COUNTERS).exists() {
+        return Ok(None);
+    }
+    let sums = per_cpu_sums(pins, names::SVC_COUNTERS, ServiceEvent::ALL.map(|e| e as u32))?;
+    Ok(Some(ServiceFigures {
+        events: ServiceEvent::ALL.into_iter().zip(sums.into_iter().map(|c| c.packets)).collect(),
+        frontends: count_entries::<ServiceKey, Service>(pins, names::SVC_FRONTENDS)?,
+        affinity_entries: count_entries::<AffinityKey, Affinity>(pins, names::SVC_AFFINITY)?,
+    }))
+}
+
+pub struct ServiceFigures {
+    pub events: Vec<(ServiceEvent, u64)>,
+    pub frontends: usize,
+    pub affinity_entries: usize,
 }
 
 /// Slots of a pinned per-CPU array of counters, each summed over CPUs. A slot past the map's end

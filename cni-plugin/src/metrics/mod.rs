@@ -87,6 +87,7 @@ struct Figures {
     nat_entries: usize,
     loaded_at: Option<u64>,
     layout_version: u32,
+    services: Option<read::ServiceFigures>,
 }
 
 impl Figures {
@@ -98,6 +99,7 @@ impl Figures {
             nat_entries: read::count_entries::<FlowKey, NatEntry>(pins, names::NAT)?,
             loaded_at: read::loaded_at(pins)?,
             layout_version: pins.version(),
+            services: read::service_figures(pins)?,
         })
     }
 
@@ -170,6 +172,9 @@ impl Figures {
             &net,
             self.layout_version,
         );
+        if let Some(services) = &self.services {
+            write_services(page, network, services);
+        }
         if let Some(at) = self.loaded_at {
             page.gauge(
                 "ebpf_cni_datapath_loaded_timestamp_seconds",
@@ -179,4 +184,26 @@ impl Figures {
             );
         }
     }
+}
+
+/// The socket LB's series (with `kubeProxyReplacement`).
+fn write_services(page: &mut Exposition, network: &str, services: &read::ServiceFigures) {
+    let net = [("network", network)];
+    for &(event, count) in &services.events {
+        page.counter(
+            "ebpf_cni_service_translations_total",
+            "What the socket LB did, by event: connect and sendmsg sent to a backend, recvmsg and getpeername \
+             shown the frontend, affinity-hit a ClientIP client given its previous backend; summed over CPUs. \
+             Refusals (no endpoint) are ebpf_cni_drops_total{reason=\"service-no-endpoint\"}.",
+            &[("network", network), ("event", event.name())],
+            count,
+        );
+    }
+    page.gauge("ebpf_cni_service_frontends", "Service frontends in SVC_FRONTENDS.", &net, services.frontends);
+    page.gauge(
+        "ebpf_cni_service_affinity_entries",
+        "ClientIP affinity entries in SVC_AFFINITY (an LRU map).",
+        &net,
+        services.affinity_entries,
+    );
 }
