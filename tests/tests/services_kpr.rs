@@ -177,3 +177,61 @@ fn the_agent_serves_services_without_kube_proxy() {
     let log = agent.log();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// Frontends in node `tb`'s `SVC_FRONTENDS`.
+fn frontends_in_maps(tb: &ebpf_cni_tests::Testbed) -> usize {
+    use aya::maps::{HashMap, Map, MapData};
+    let Ok(data) = MapData::from_pin(tb.map_pin("SVC_FRONTENDS")) else { return 0 };
+    let map: HashMap<_, ebpf_common::ServiceKey, ebpf_common::Service> =
+        HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    map.keys().count()
+}
+
+#[test]
+fn ten_thousand_services_reach_the_datapath() {
+    let test = "ten_thousand_services_reach_the_datapath";
+    let Some(tb) = ebpf_cni_tests::Testbed::for_test(test, "kprscale", "10.205.1.0/24") else {
+        return;
+    };
+    const COUNT: u32 = 10_000;
+    let cgroup = TestCgroup::create(&format!("{}-kpr", tb.run_id)).unwrap();
+    let node_file = tb.data_dir().with_file_name("node.json");
+    let node = json!({
+        "primaryNetwork": tb.network, "clusterCIDR": "10.205.0.0/16", "podCIDRs": [tb.subnet],
+        "bpffsRoot": tb.bpffs_root(), "ipamDataDir": tb.data_dir(),
+        "kubeProxyReplacement": true, "cgroupRoot": cgroup.path(),
+    });
+    std::fs::write(&node_file, node.to_string()).unwrap();
+    let store = FakeStore::start(&tb.node.name, API.parse::<SocketAddrV4>().unwrap());
+    store.put(NODES, [json!({ "metadata": { "name": "node-1" }, "spec": { "podCIDR": tb.subnet } })]);
+    let vip = |i: u32| Ipv4Addr::from(0x0a60_0000 + i).to_string();
+    let pod = |i: u32, k: u32| Ipv4Addr::from(0x0ae0_0000 + i * 4 + k);
+    store.put(SERVICES, (0..COUNT).map(|i| service(&format!("s{i}"), &vip(i))));
+    store.put(
+        SLICES,
+        (0..COUNT).map(|i| {
+            let endpoints: Vec<Value> = (0..3)
+                .map(|k| json!({ "addresses": [pod(i, k).to_string()], "conditions": { "ready": true } }))
+                .collect();
+            json!({ "metadata": { "namespace": "default", "name": format!("s{i}-a"),
+                                  "labels": { "kubernetes.io/service-name": format!("s{i}") } },
+                    "addressType": "IPv4", "endpoints": endpoints,
+                    "ports": [{ "name": "http", "port": TCP_PORT, "protocol": "TCP" }, { "name": "dns", "port": UDP_PORT, "protocol": "UDP" }] })
+        }),
+    );
+    let args = ["--api-server", "http://127.0.0.1:6443", "--node-conf", node_file.to_str().unwrap()];
+    let agent = RunningAgent::start(&tb, "node-1", &args).unwrap();
+    // Two frontends a Service (TCP and UDP).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while frontends_in_maps(&tb) < 2 * COUNT as usize {
+        assert!(Instant::now() < deadline, "{} frontends; log:\n{}", frontends_in_maps(&tb), agent.log());
+        sleep(Duration::from_millis(20));
+    }
+    let programmed = std::time::SystemTime::now();
+    let first_list = [SERVICES, SLICES].iter().flat_map(|p| store.requests(p)).map(|(_, t)| t).min().unwrap();
+    let took = programmed.duration_since(first_list).unwrap();
+    println!("10,000 Services x 3 endpoints (20,000 frontends): first list -> maps in {took:?}");
+    // A debug build on a shared 2-CPU machine; the release build is the bench's to time.
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(!agent.log().contains("panicked"));
+}
