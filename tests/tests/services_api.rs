@@ -14,6 +14,7 @@ use std::{
 use ebpf_cni_tests::{
     FakeStore, Testbed,
     agent::RunningAgent,
+    cgroup::TestCgroup,
     fake_store::{NODES, SERVICES, SLICES},
 };
 use serde_json::{Value, json};
@@ -45,16 +46,20 @@ fn slice(name: &str, service: &str, addrs: &[&str]) -> Value {
             "addressType": "IPv4", "endpoints": endpoints, "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }] })
 }
 
-/// The node file turning the switch on, as root-owned and 0644 as the agent wants it.
-fn node_file(tb: &Testbed) -> PathBuf {
+/// The node file turning the switch on, as root-owned and 0644 as the agent wants it. The switch
+/// is the primary network's; its socket LB attaches to `cgroup` (the test's own), never to the
+/// machine's cgroup root.
+fn node_file(tb: &Testbed, cgroup: &TestCgroup) -> PathBuf {
     let path = tb.data_dir().with_file_name("node.json");
-    std::fs::write(&path, json!({ "kubeProxyReplacement": true }).to_string()).unwrap();
+    let node = json!({ "primaryNetwork": tb.network, "kubeProxyReplacement": true, "cgroupRoot": cgroup.path(),
+                       "bpffsRoot": tb.bpffs_root() });
+    std::fs::write(&path, node.to_string()).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     path
 }
 
-fn start_agent(tb: &Testbed, extra: &[&str]) -> RunningAgent {
-    let conf = node_file(tb);
+fn start_agent(tb: &Testbed, cgroup: &TestCgroup, extra: &[&str]) -> RunningAgent {
+    let conf = node_file(tb, cgroup);
     let mut args = vec!["--api-server", "http://127.0.0.1:6443", "--node-conf", conf.to_str().unwrap()];
     args.extend_from_slice(extra);
     RunningAgent::start(tb, "node-1", &args).unwrap()
@@ -106,7 +111,8 @@ fn the_model_follows_lists_and_watches() {
     store.put(SERVICES, [headless]);
     store.put(SLICES, [slice("web-a", "web", &["10.237.2.2", "10.237.2.3"]), slice("db-a", "db", &["10.237.2.9"])]);
     let dump = tb.data_dir().with_file_name("services.json");
-    let agent = start_agent(&tb, &["--services-dump", dump.to_str().unwrap()]);
+    let cgroup = TestCgroup::create(&format!("{}-svcapi", tb.run_id)).unwrap();
+    let agent = start_agent(&tb, &cgroup, &["--services-dump", dump.to_str().unwrap()]);
     let both: &[&str] = &["10.237.2.2:8080", "10.237.2.3:8080"];
     wait_for(&dump, &[("10.96.0.1:80/TCP", both), ("192.168.1.10:30080/TCP", both)], &agent);
 
@@ -170,7 +176,8 @@ fn ten_thousand_services() {
             slice(&format!("s{i}-a"), &format!("s{i}"), &pods.iter().map(String::as_str).collect::<Vec<_>>())
         }),
     );
-    let agent = start_agent(&tb, &[]);
+    let cgroup = TestCgroup::create(&format!("{}-svcapi", tb.run_id)).unwrap();
+    let agent = start_agent(&tb, &cgroup, &[]);
     let deadline = Instant::now() + Duration::from_secs(60);
     while sink_stamps(&agent.log()).is_empty() {
         assert!(Instant::now() < deadline, "no first sync; the agent's log:\n{}", agent.log());
