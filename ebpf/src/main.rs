@@ -112,6 +112,20 @@ mod programs {
         crate::uplink6::ingress(&ctx)
     }
 
+    /// Per-packet Service translation from the LAN (`service/nodeport.rs`), before
+    /// `from_uplink` on the uplink's ingress when the node file sets `kubeProxyReplacement`:
+    /// a program of its own, so `from_uplink`'s stack and verifier budget stay as they are.
+    #[classifier]
+    pub fn svc_from_uplink(ctx: TcContext) -> i32 {
+        crate::service::nodeport::ingress(&ctx)
+    }
+
+    /// Local backends' replies to those flows (`service/reply.rs`), before `to_uplink`.
+    #[classifier]
+    pub fn svc_to_uplink(ctx: TcContext) -> i32 {
+        crate::service::reply::egress(&ctx)
+    }
+
     /// The socket LB (`service/`): cgroup `sock_addr` hooks, attached at the node file's
     /// `cgroupRoot` when it sets `kubeProxyReplacement`. Programs of their own, not more code
     /// in the TC ones: each has its own 512-byte stack and verifier budget.

@@ -28,10 +28,18 @@ const OBJECT_NEEDS_KERNEL_BTF: bool = false;
 /// 6.18: `to_uplink` 6.5 ms, `from_uplink` 3.3, `from_pod` 3.0, `to_pod` 0.5; the IPv6 uplink
 /// programs between). Verification starts in this order, so that the longest is not left to
 /// start last on a node of few CPUs.
-const VERIFY_ORDER: [&str; 6] =
-    [names::TO_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK, names::FROM_UPLINK6, names::FROM_POD, names::TO_POD];
+const VERIFY_ORDER: [&str; 8] = [
+    names::TO_UPLINK,
+    names::TO_UPLINK6,
+    names::SVC_FROM_UPLINK,
+    names::FROM_UPLINK,
+    names::FROM_UPLINK6,
+    names::FROM_POD,
+    names::SVC_TO_UPLINK,
+    names::TO_POD,
+];
 
-const MAPS: [&str; 17] = [
+const MAPS: [&str; 20] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -49,6 +57,9 @@ const MAPS: [&str; 17] = [
     names::SVC_AFFINITY,
     names::SVC_SOCKETS,
     names::SVC_COUNTERS,
+    names::SVC_CT,
+    names::SVC_CLIENTS,
+    names::SVC_REJECTS,
 ];
 
 impl Datapath {
@@ -117,8 +128,16 @@ impl Datapath {
         // Only the programs the network attaches: the verifier's time is most of a first ADD,
         // and a network without masquerade, or without IPv6, never runs the uplink's (IPv6) ones.
         let uplink_programs = if settings.uplink.is_some() { uplink::programs_for(&settings.config) } else { &[] };
-        let wanted: Vec<&str> =
-            uplink_programs.iter().map(|&(name, _)| name).chain([names::TO_POD, names::FROM_POD]).collect();
+        // Per-packet Service translation on the uplink: with kubeProxyReplacement, and only
+        // where there is an uplink (masquerade names it and the node's address).
+        let service_programs =
+            if settings.uplink.is_some() && settings.socket_lb.is_some() { &uplink::SERVICE_PROGRAMS[..] } else { &[] };
+        let wanted: Vec<&str> = uplink_programs
+            .iter()
+            .chain(service_programs)
+            .map(|&(name, _)| name)
+            .chain([names::TO_POD, names::FROM_POD])
+            .collect();
         verify_concurrently(&mut ebpf, &wanted)?;
         // Pinned before they are attached, so that a restarted load finds their filters.
         for &name in wanted.iter().filter(|&&name| name != names::FROM_POD) {
@@ -127,7 +146,9 @@ impl Datapath {
                 .cni(ErrorCode::DATAPATH, format!("cannot pin {name}"))?;
         }
         if let Some(uplink) = &settings.uplink {
-            for &(name, direction) in uplink_programs {
+            // The Service programs last: a filter added without a priority goes before those
+            // there, so they see the uplink's packets first and pass the rest on.
+            for &(name, direction) in uplink_programs.iter().chain(service_programs) {
                 if uplink::attach(classifier(&mut ebpf, name)?, uplink, direction)? {
                     self.mark_clsact_ours()?;
                 }
