@@ -80,10 +80,16 @@ pub mod names {
     pub const SVC_CT: &str = "SVC_CT";
     pub const SVC_CLIENTS: &str = "SVC_CLIENTS";
     pub const SVC_REJECTS: &str = "SVC_REJECTS";
-    /// Per-packet Service translation on the uplink (`ebpf/src/service/`), IPv4: the client's
-    /// side in, the local backends' replies out.
+    /// Per-packet Service translation on the uplink (`ebpf/src/service/`): the client's side
+    /// in, the local backends' replies out; IPv4, then IPv6.
     pub const SVC_FROM_UPLINK: &str = "svc_from_uplink";
     pub const SVC_TO_UPLINK: &str = "svc_to_uplink";
+    pub const SVC_FROM_UPLINK6: &str = "svc_from_uplink6";
+    /// The no-endpoint answers, tail-called from the two above through `SVC_REJECT_PROGS`.
+    pub const SVC_REJECT: &str = "svc_reject";
+    pub const SVC_REJECT6: &str = "svc_reject6";
+    pub const SVC_REJECT_PROGS: &str = "SVC_REJECT_PROGS";
+    pub const SVC_TO_UPLINK6: &str = "svc_to_uplink6";
     /// The socket LB's programs (`cgroup/<hook>` sections), in attach order.
     pub const SOCKET_LB: [&str; 8] = [
         "svc_connect4",

@@ -10,7 +10,7 @@
 //! state are not translated, a short datagram gets no larger answer; nothing left after the DELs.
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     process::{Command, Stdio},
     sync::{
         Arc,
@@ -21,8 +21,8 @@ use std::{
 
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
-    frames::{checksums_valid, ethernet, ipv4, ipv4_udp, tcp, with_checksums},
-    lan::{LAN_HOST, LAN_NODE_IPS, Lan, LanPod},
+    frames::{checksums_valid, ethernet, ipv4, ipv4_udp, ipv6, ipv6_checksum_valid, tcp, with_checksums},
+    lan::{Ipv6Plan, LAN_HOST, LAN_HOST_V6, LAN_NODE_IPS, LAN_NODE_IPV6S, Lan, LanPod},
     prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run},
     run_in,
     traffic::in_netns,
@@ -39,6 +39,7 @@ const RST: u8 = 0x04;
 const FIN: u8 = 0x01;
 /// Long enough to be quoted by a port unreachable (a datagram shorter than its answer gets none).
 const PAYLOAD: &[u8] = b"a query of thirty-two bytes, ok?";
+const PAYLOAD6: &[u8] = b"a query of sixty-four bytes for IPv6's longer port unreachable..";
 
 /// TCP and UDP servers in a pod answering every request with `<tag> <the client address seen>`.
 struct Backend {
@@ -48,8 +49,9 @@ struct Backend {
 impl Backend {
     fn start(netns: &str, tag: &'static str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let tcp: TcpListener = in_netns(netns, || Ok(TcpListener::bind(("0.0.0.0", TCP_PORT))?)).unwrap();
-        let udp: UdpSocket = in_netns(netns, || Ok(UdpSocket::bind(("0.0.0.0", UDP_PORT))?)).unwrap();
+        // Both families on one socket each; an IPv4 peer shows as itself (`to_canonical`).
+        let tcp: TcpListener = in_netns(netns, || Ok(TcpListener::bind(("::", TCP_PORT))?)).unwrap();
+        let udp: UdpSocket = in_netns(netns, || Ok(UdpSocket::bind(("::", UDP_PORT))?)).unwrap();
         tcp.set_nonblocking(true).unwrap();
         udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
         let halt = stop.clone();
@@ -60,7 +62,7 @@ impl Backend {
                         let _ = stream.set_nonblocking(false);
                         let mut buf = [0u8; 64];
                         while matches!(stream.read(&mut buf), Ok(n) if n > 0) {
-                            let _ = stream.write_all(format!("{tag} {}", peer.ip()).as_bytes());
+                            let _ = stream.write_all(format!("{tag} {}", peer.ip().to_canonical()).as_bytes());
                         }
                     })),
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
@@ -72,7 +74,7 @@ impl Backend {
             let mut buf = [0u8; 64];
             while !halt.load(Ordering::Relaxed) {
                 if let Ok((_, peer)) = udp.recv_from(&mut buf) {
-                    let _ = udp.send_to(format!("{tag} {}", peer.ip()).as_bytes(), peer);
+                    let _ = udp.send_to(format!("{tag} {}", peer.ip().to_canonical()).as_bytes(), peer);
                 }
             }
         });
@@ -111,12 +113,13 @@ fn tcp_call(netns: &str, to: SocketAddr) -> Answer {
 
 fn udp_call(netns: &str, to: SocketAddr) -> Answer {
     in_netns(netns, move || {
-        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        let socket = UdpSocket::bind(if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
         socket.set_read_timeout(Some(Duration::from_secs(2)))?;
         // Connected: an ICMP port unreachable comes back as ECONNREFUSED on the socket.
         socket.connect(to)?;
         let started = Instant::now();
-        socket.send(PAYLOAD)?;
+        // Long enough to be quoted: IPv6's port unreachable is 110 bytes.
+        socket.send(if to.is_ipv4() { PAYLOAD } else { PAYLOAD6 })?;
         let mut buf = [0u8; 64];
         match socket.recv(&mut buf) {
             Ok(n) => Ok(Answer::Reply(String::from_utf8_lossy(&buf[..n]).into_owned())),
@@ -139,12 +142,16 @@ fn service_set(lan: &Lan, frontend: &str, protocol: &str, backends: &[String], e
     assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn at(ip: impl std::fmt::Display, port: u16) -> String {
-    format!("{ip}:{port}")
+fn at(ip: impl Into<IpAddr>, port: u16) -> String {
+    SocketAddr::new(ip.into(), port).to_string()
 }
 
 fn node1(port: u16) -> SocketAddr {
     SocketAddr::new(LAN_NODE_IPS[0].parse().unwrap(), port)
+}
+
+fn node1_v6(port: u16) -> SocketAddr {
+    SocketAddr::new(LAN_NODE_IPV6S[0].parse().unwrap(), port)
 }
 
 /// A crafted frame from the LAN through node 1's `svc_from_uplink`.
@@ -170,7 +177,10 @@ fn hairpin(cgroup: &TestCgroup, pod: &LanPod, to: SocketAddr) -> String {
 #[test]
 fn nodeports_are_translated_per_packet() {
     let test = "nodeports_are_translated_per_packet";
-    let Some(mut lan) = Lan::for_test(test, "npt", "10.197.0.0/16", ["10.197.1.0/24", "10.197.2.0/24"]) else {
+    let plan = Ipv6Plan { cluster_cidr: "fd00:10:97::/56", subnets: ["fd00:10:97:1::/64", "fd00:10:97:2::/64"] };
+    let Some(mut lan) =
+        Lan::for_test_dual_stack(test, "npt", "10.197.0.0/16", ["10.197.1.0/24", "10.197.2.0/24"], plan)
+    else {
         return;
     };
     let cgroup = TestCgroup::create(&format!("{}-socket-lb", lan.nodes[0].run_id)).unwrap();
@@ -179,8 +189,8 @@ fn nodeports_are_translated_per_packet() {
     let node = json!({
         "primaryNetwork": tb.network,
         "ipMasq": true,
-        "clusterCIDR": "10.197.0.0/16",
-        "podCIDRs": [tb.subnet],
+        "clusterCIDR": format!("10.197.0.0/16,{}", plan.cluster_cidr),
+        "podCIDRs": [tb.subnet, plan.subnets[0]],
         "bpffsRoot": tb.bpffs_root(),
         "ipamDataDir": tb.data_dir(),
         "kubeProxyReplacement": true,
@@ -216,6 +226,14 @@ fn nodeports_are_translated_per_packet() {
     set("0.0.0.0:30090", "tcp", &[], &[]);
     set("0.0.0.0:30091", "udp", &[], &[]);
     set("192.0.2.200:80", "tcp", &[at(a.ip, TCP_PORT)], &["--external"]);
+    let (a6, b6) = (a.ip6.unwrap(), b.ip6.unwrap());
+    set("[::]:30080", "tcp", &[at(a6, TCP_PORT)], &[]);
+    set("[::]:30053", "udp", &[at(a6, UDP_PORT)], &[]);
+    set("[::]:30081", "tcp", &[at(b6, TCP_PORT)], &[]);
+    set("[::]:30054", "udp", &[at(b6, UDP_PORT)], &[]);
+    set("[::]:30082", "tcp", &[at(a6, TCP_PORT)], &["--local"]);
+    set("[::]:30090", "tcp", &[], &[]);
+    set("[::]:30091", "udp", &[], &[]);
     // A ClusterIP is not reached from the LAN.
     set("10.96.0.10:80", "tcp", &[at(a.ip, TCP_PORT)], &[]);
     run_in(&host, "ip", &["route", "add", "192.0.2.200/32", "via", LAN_NODE_IPS[0]]).unwrap();
@@ -244,6 +262,13 @@ fn nodeports_are_translated_per_packet() {
     // A LoadBalancer IP routed to node 1.
     let lb = SocketAddr::new("192.0.2.200".parse().unwrap(), 80);
     check("TCP LoadBalancer IP", tcp_call(&host, lb), &format!("A {LAN_HOST}"));
+    // IPv6, the same ways.
+    let (host6, node6) = (LAN_HOST_V6, LAN_NODE_IPV6S[0]);
+    check("IPv6 TCP NodePort, local backend", tcp_call(&host, node1_v6(30080)), &format!("A {host6}"));
+    check("IPv6 UDP NodePort, local backend", udp_call(&host, node1_v6(30053)), &format!("A {host6}"));
+    check("IPv6 TCP NodePort, remote backend", tcp_call(&host, node1_v6(30081)), &format!("B {node6}"));
+    check("IPv6 UDP NodePort, remote backend", udp_call(&host, node1_v6(30054)), &format!("B {node6}"));
+    check("IPv6 TCP NodePort, policy Local", tcp_call(&host, node1_v6(30082)), &format!("A {host6}"));
     // A second round on the same frontends: new flows, state reused nowhere wrongly.
     check("TCP NodePort again", tcp_call(&host, node1(30081)), &format!("B {}", LAN_NODE_IPS[0]));
 
@@ -265,7 +290,13 @@ fn nodeports_are_translated_per_packet() {
 
     // No endpoint: answered at once (RST → ECONNREFUSED; port unreachable → ECONNREFUSED).
     let refused = tb.drops(DropReason::ServiceNoEndpoint).unwrap();
-    for (what, got) in [("TCP", tcp_call(&host, node1(30090))), ("UDP", udp_call(&host, node1(30091)))] {
+    let calls = [
+        ("TCP", tcp_call(&host, node1(30090))),
+        ("UDP", udp_call(&host, node1(30091))),
+        ("IPv6 TCP", tcp_call(&host, node1_v6(30090))),
+        ("IPv6 UDP", udp_call(&host, node1_v6(30091))),
+    ];
+    for (what, got) in calls {
         println!("{what} no endpoint: {got:?}");
         match got {
             Answer::Error(errno, took) => {
@@ -275,7 +306,7 @@ fn nodeports_are_translated_per_packet() {
             other => panic!("{what}: {other:?}"),
         }
     }
-    assert_eq!(tb.drops(DropReason::ServiceNoEndpoint).unwrap(), refused + 2);
+    assert_eq!(tb.drops(DropReason::ServiceNoEndpoint).unwrap(), refused + 4);
 
     // Hairpin: a pod calling its own node's NodePort is a local socket: the socket LB.
     let got = hairpin(&cgroup, &c, node1(30080));
@@ -310,6 +341,11 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
         let out = expect(tb, names::SVC_FROM_UPLINK, "eth0", what, frame.clone(), TC_ACT_UNSPEC, None);
         assert_eq!(out, frame, "{what} was rewritten");
     }
+    let attacker6: Ipv6Addr = "fd00:192:0:2::77".parse().unwrap();
+    let node6: Ipv6Addr = LAN_NODE_IPV6S[0].parse().unwrap();
+    let frame = [ethernet([4; 6], [2; 6], 0x86dd), ipv6(attacker6, node6, 6, &tcp(40_000, 30080, ACK))].concat();
+    let out = expect(tb, names::SVC_FROM_UPLINK6, "eth0", "IPv6 ACK", frame.clone(), TC_ACT_UNSPEC, None);
+    assert_eq!(out, frame, "an IPv6 ACK was rewritten");
     assert_eq!(entries(), before, "a forged ACK/RST/FIN created state");
 
     // Replies that match no state are not translated: a local backend's packet to a client
@@ -356,6 +392,39 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
     assert!(icmp.len() <= long.len(), "the port unreachable is larger than the datagram");
     assert_eq!((icmp[23], icmp[34], icmp[35]), (1, 3, 3), "not a port unreachable");
     assert!(checksums_valid(&icmp), "ICMP checksums");
+
+    // The same for IPv6: a RST of 74 bytes, a port unreachable of 110 quoting the datagram.
+    let v6 = |l4: &[u8], proto: u8| [ethernet([4; 6], [2; 6], 0x86dd), ipv6(attacker6, node6, proto, l4)].concat();
+    let syn6 = v6(&tcp(40_003, 30090, SYN), 6);
+    let (verdict, rst6) = run(tb, names::SVC_FROM_UPLINK6, "eth0", syn6.clone());
+    assert_eq!(verdict, TC_ACT_REDIRECT, "IPv6 SYN to no endpoint");
+    assert_eq!((rst6.len(), rst6[20], rst6[67]), (74, 6, RST | ACK), "IPv6 RST");
+    assert!(ipv6_checksum_valid(&rst6[14..]), "IPv6 RST checksum");
+    let udp6 = |payload: &[u8]| {
+        let mut l4 = [
+            &40_004u16.to_be_bytes()[..],
+            &30091u16.to_be_bytes(),
+            &((8 + payload.len()) as u16).to_be_bytes(),
+            &[0, 0],
+        ]
+        .concat();
+        l4.extend_from_slice(payload);
+        v6(&l4, 17)
+    };
+    let (verdict, icmp6) = run(tb, names::SVC_FROM_UPLINK6, "eth0", udp6(PAYLOAD6));
+    assert_eq!(verdict, TC_ACT_REDIRECT, "IPv6 datagram to no endpoint");
+    assert_eq!((icmp6.len(), icmp6[20], icmp6[54], icmp6[55]), (110, 58, 1, 4), "not a port unreachable");
+    assert!(ipv6_checksum_valid(&icmp6[14..]), "ICMPv6 checksum");
+    let short = udp6(PAYLOAD);
+    expect(
+        tb,
+        names::SVC_FROM_UPLINK6,
+        "eth0",
+        "short IPv6 datagram",
+        short,
+        TC_ACT_SHOT,
+        Some(DropReason::ServiceRejectLimited),
+    );
 
     // A SYN flood from one source: its flows stop at its share, counted; the others' go on.
     let flooder: Ipv4Addr = "198.51.100.9".parse().unwrap();

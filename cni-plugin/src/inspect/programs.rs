@@ -127,6 +127,8 @@ pub fn rows(pins: &Pins, interfaces: &Interfaces) -> Result<Vec<ProgramRow>> {
         names::FROM_UPLINK6,
         names::SVC_FROM_UPLINK,
         names::SVC_TO_UPLINK,
+        names::SVC_FROM_UPLINK6,
+        names::SVC_TO_UPLINK6,
     ] {
         // A network loads only the programs it attaches (no uplink ones without masquerade,
         // no IPv6 uplink ones without IPv6).

@@ -11,7 +11,7 @@ use ebpf_common::{
 };
 
 use super::maps::SVC_CT;
-use crate::flow::{Flow, PROTO_TCP, TCP_ACK, TCP_SYN};
+use crate::flow::{PROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 
 /// `last_seen_ns` is written at most this often, so a busy flow does not dirty its entry's
 /// cache line on every packet.
@@ -56,13 +56,13 @@ pub fn other_way(entry: &SvcCtEntry, protocol: u8, family: u8) -> FlowKey {
 /// (the backend's SYN-ACK, any UDP reply) establishes; a FIN or RST either way closes. Both
 /// entries get a new state, so both age by it.
 #[inline(always)]
-pub fn seen(key: &FlowKey, entry: &SvcCtEntry, flow: &Flow) {
+pub fn seen(key: &FlowKey, entry: &SvcCtEntry, tcp_flags: u8) {
     // SAFETY: a helper any program may call.
     let now = unsafe { bpf_ktime_get_ns() };
-    let state = next_state(entry, flow);
+    let state = next_state(entry, key.protocol, tcp_flags);
     if state != entry.state {
         set_state(key, state, now);
-        set_state(&other_way(entry, flow.protocol, key.family), state, now);
+        set_state(&other_way(entry, key.protocol, key.family), state, now);
     } else if now.wrapping_sub(entry.last_seen_ns) >= TOUCH_NS
         && let Some(e) = SVC_CT.get_ptr_mut(key)
     {
@@ -72,14 +72,15 @@ pub fn seen(key: &FlowKey, entry: &SvcCtEntry, flow: &Flow) {
 }
 
 #[inline(always)]
-fn next_state(entry: &SvcCtEntry, flow: &Flow) -> u8 {
-    if flow.closes() {
+fn next_state(entry: &SvcCtEntry, protocol: u8, tcp_flags: u8) -> u8 {
+    let tcp = protocol == PROTO_TCP;
+    if tcp && tcp_flags & (TCP_FIN | TCP_RST) != 0 {
         return SVC_CT_CLOSING;
     }
     if entry.state != SVC_CT_NEW || entry.direction != SVC_CT_REPLY {
         return entry.state;
     }
-    let answers = flow.protocol != PROTO_TCP || flow.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
+    let answers = !tcp || tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
     if answers { SVC_CT_ESTABLISHED } else { entry.state }
 }
 

@@ -3,7 +3,7 @@
 //! `SVC_SOCKETS` and `SVC_COUNTERS`, which the programs keep.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use ebpf_common::{
@@ -48,6 +48,17 @@ pub static SVC_CLIENTS: LruHashMap<IpKey, SvcClient, { SVC_CLIENTS_MAX_ENTRIES a
 /// No-endpoint answers sent this second, per CPU (`reject.rs`).
 #[btf_map]
 pub static SVC_REJECTS: PerCpuArray<SvcRejectBudget, 1> = PerCpuArray::new();
+
+/// The no-endpoint answers, programs of their own reached by a tail call (`reject.rs`,
+/// `reject6.rs`): building a reply needs more stack than `svc_from_uplink6` has left, and a
+/// tail call starts with a fresh one. Slot 0 `svc_reject`, 1 `svc_reject6`; filled by the
+/// loader.
+#[btf_map]
+pub static SVC_REJECT_PROGS: ProgramArray<2> = ProgramArray::new();
+
+/// Slots of `SVC_REJECT_PROGS`.
+pub const REJECT_V4: u32 = 0;
+pub const REJECT_V6: u32 = 1;
 
 /// Events by `ServiceEvent`, per CPU (`packets` counts them).
 #[btf_map]

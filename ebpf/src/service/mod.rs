@@ -7,18 +7,24 @@
 //! Per-packet translation for what does not come from a local socket (NodePort, LoadBalancer
 //! IPs, externalIPs from the LAN): `nodeport.rs` (uplink ingress) and `reply.rs` (uplink
 //! egress) over our own connection tracking `ct.rs`, with `frontend.rs` (which frontend, which
-//! backend), `share.rs` (one client's share), `snat_port.rs` (ports towards remote backends),
-//! `xlate.rs` (the rewrite) and `reject.rs` (a frontend without endpoint answers).
+//! backend), `open.rs` (a new flow), `share.rs` (one client's share), `snat_port.rs` (ports
+//! towards remote backends), `xlate.rs` (the rewrite) and `reject.rs` (a frontend without
+//! endpoint answers); IPv6's `nodeport6.rs`, `xlate6.rs`, `reject6.rs` (its replies out:
+//! `reply.rs` too).
 pub mod addr;
 pub mod ct;
 pub mod frontend;
 pub mod maps;
 pub mod nodeport;
+pub mod nodeport6;
+pub mod open;
 pub mod pick;
 pub mod reject;
+pub mod reject6;
 pub mod reply;
 pub mod reverse;
 pub mod share;
 pub mod snat_port;
 pub mod translate;
 pub mod xlate;
+pub mod xlate6;

@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use ebpf_common::{DropReason, SVC_REJECTS_PER_SECOND};
 
-use super::maps::SVC_REJECTS;
+use super::maps::{SVC_REJECT_PROGS, SVC_REJECTS};
 use crate::{
     flow::{Flow, PROTO_TCP},
     maps, packet,
@@ -30,7 +30,25 @@ const RST_LEN: u32 = 54;
 const ICMP_LEN: u32 = 70;
 const TTL: u8 = 64;
 
-pub fn answer(ctx: &TcContext, flow: &Flow) -> i32 {
+/// Hands the packet to the answering program `slot` of `SVC_REJECT_PROGS` (a tail call, which
+/// does not return); dropped if that cannot be done.
+#[inline(always)]
+pub fn tail(ctx: &TcContext, slot: u32) -> i32 {
+    // SAFETY: jumps into a program the loader put there; returns only if it cannot.
+    unsafe { SVC_REJECT_PROGS.tail_call(ctx, slot) };
+    maps::drop(ctx, DropReason::ServiceRejectLimited)
+}
+
+/// `svc_reject`: the answer to an IPv4 request `svc_from_uplink` found no endpoint for.
+pub fn program(ctx: &TcContext) -> i32 {
+    match Flow::parse(ctx) {
+        Ok(flow) => answer(ctx, &flow),
+        Err(reason) => maps::drop(ctx, reason),
+    }
+}
+
+#[inline(always)]
+fn answer(ctx: &TcContext, flow: &Flow) -> i32 {
     if flow.l4 != L4 || !budget() {
         return maps::drop(ctx, DropReason::ServiceRejectLimited);
     }
@@ -50,7 +68,7 @@ pub fn answer(ctx: &TcContext, flow: &Flow) -> i32 {
 
 /// This CPU's budget of answers for the current second.
 #[inline(always)]
-fn budget() -> bool {
+pub(super) fn budget() -> bool {
     let Some(b) = SVC_REJECTS.get_ptr_mut(0) else { return false };
     // SAFETY: a helper any program may call; a per-CPU slot only this CPU touches.
     unsafe {
@@ -67,7 +85,7 @@ fn budget() -> bool {
     true
 }
 
-type Built = Result<(), i64>;
+pub(super) type Built = Result<(), i64>;
 
 /// The SYN becomes its RST: ports and addresses swapped (which moves no checksum), sequence 0,
 /// acknowledging the SYN, no options, 54 bytes.
@@ -168,14 +186,14 @@ fn reverse_ip(ctx: &TcContext, ip: &[u8; 20], total: u16, protocol: u8) -> Built
 
 /// Cuts the frame to `len` bytes (the answer is never longer than the request).
 #[inline(always)]
-fn cut(ctx: &TcContext, len: u32) -> Built {
+pub(super) fn cut(ctx: &TcContext, len: u32) -> Built {
     // SAFETY: the context pointer the kernel passed in.
     let ret = unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) };
     if ret == 0 { Ok(()) } else { Err(ret) }
 }
 
 #[inline(always)]
-fn swap_macs(ctx: &TcContext) -> Built {
+pub(super) fn swap_macs(ctx: &TcContext) -> Built {
     let macs: [u8; 12] = ctx.load(0)?;
     let mut swapped = [0u8; 12];
     swapped[0..6].copy_from_slice(&macs[6..12]);

@@ -4,7 +4,7 @@
 //! default ephemeral port uses, so no socket of the node nor a masqueraded flow holds one; the
 //! reply entry's `BPF_NOEXIST` insert is the claim.
 use aya_ebpf::helpers::bpf_get_prandom_u32;
-use ebpf_common::{FAMILY_IPV4, FlowKey, SVC_SNAT_PORT_MAX, SVC_SNAT_PORT_MIN, ipv4_in_16};
+use ebpf_common::{FlowKey, SVC_SNAT_PORT_MAX, SVC_SNAT_PORT_MIN};
 
 use super::ct;
 
@@ -17,20 +17,21 @@ const TRIES: u32 = 8;
 #[inline(always)]
 pub fn claim(
     protocol: u8,
-    node: [u8; 4],
+    family: u8,
+    node: [u8; 16],
     backend: ([u8; 16], u16),
     frontend: ([u8; 16], u16),
     client: ([u8; 16], u16),
 ) -> Option<u16> {
     let span = u32::from(SVC_SNAT_PORT_MAX - SVC_SNAT_PORT_MIN) + 1;
     let mut key = FlowKey {
-        family: FAMILY_IPV4,
+        family,
         protocol,
         pad: [0; 2],
         src_port: backend.1,
         dst_port: 0,
         src_addr: backend.0,
-        dst_addr: ipv4_in_16(node),
+        dst_addr: node,
     };
     for _ in 0..TRIES {
         // SAFETY: a helper any program may call.
