@@ -346,7 +346,12 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
     let frame = [ethernet([4; 6], [2; 6], 0x86dd), ipv6(attacker6, node6, 6, &tcp(40_000, 30080, ACK))].concat();
     let out = expect(tb, names::SVC_FROM_UPLINK6, "eth0", "IPv6 ACK", frame.clone(), TC_ACT_UNSPEC, None);
     assert_eq!(out, frame, "an IPv6 ACK was rewritten");
-    assert_eq!(entries(), before, "a forged ACK/RST/FIN created state");
+    // A SYN from the LAN with a local pod's address: not translated (`from_uplink` drops it).
+    let frame = from_lan(a.ip, node_ip, 6, &tcp(40_005, 30080, SYN));
+    let out =
+        expect(tb, names::SVC_FROM_UPLINK, "eth0", "SYN from a pod's address", frame.clone(), TC_ACT_UNSPEC, None);
+    assert_eq!(out, frame, "a SYN with a local pod's source was translated");
+    assert_eq!(entries(), before, "a forged ACK/RST/FIN or a pod's source created state");
 
     // Replies that match no state are not translated: a local backend's packet to a client
     // it has no flow with, and a "reply" from node 2's pod to a SNAT port nobody holds.
@@ -444,4 +449,14 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
     // Another client still gets in.
     let frame = from_lan("192.0.2.78".parse().unwrap(), node_ip, 6, &tcp(40_002, 30080, SYN));
     expect(tb, names::SVC_FROM_UPLINK, "eth0", "another client's SYN", frame, TC_ACT_REDIRECT, None);
+
+    // Every entry ages: a flood flow nobody answered is translated while NEW…
+    let ack = || from_lan(flooder, node_ip, 6, &tcp(10_000, 30080, ACK));
+    expect(tb, names::SVC_FROM_UPLINK, "eth0", "ACK of a NEW flow", ack(), TC_ACT_REDIRECT, None);
+    // …and no more once its NEW lifetime is over; the flooder's window is renewed.
+    std::thread::sleep(Duration::from_nanos(ebpf_common::SVC_CT_NEW_NS) + Duration::from_millis(500));
+    let out = expect(tb, names::SVC_FROM_UPLINK, "eth0", "ACK of an aged flow", ack(), TC_ACT_UNSPEC, None);
+    assert_eq!(out, ack(), "an aged flow was translated");
+    let frame = from_lan(flooder, node_ip, 6, &tcp(9_000, 30080, SYN));
+    expect(tb, names::SVC_FROM_UPLINK, "eth0", "the flooder's SYN a window later", frame, TC_ACT_REDIRECT, None);
 }

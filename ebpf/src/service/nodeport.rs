@@ -15,7 +15,7 @@
 //!
 //! Everything else passes on to `from_uplink` (`TC_ACT_UNSPEC`), untouched.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
+use ebpf_common::{IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
 
 use super::{
     ct, frontend,
@@ -39,8 +39,11 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         return packet::PASS;
     }
     let config = config::get();
-    // A source of this node's pods is forged here: `from_uplink` drops it.
-    if config.in_node_pods(flow.src) {
+    // A source of this node's pods (its subnet, a local endpoint) is forged here:
+    // `from_uplink` drops it. The endpoint lookup only for cluster sources, as there.
+    if config.in_node_pods(flow.src)
+        || config.in_cluster(flow.src) && maps::ENDPOINTS.get_ptr(&IpKey::v4(flow.src)).is_some()
+    {
         return packet::PASS;
     }
     let key = flow.key();

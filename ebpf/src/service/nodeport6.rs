@@ -2,7 +2,7 @@
 //! header after IPv6 is TCP or UDP (`Flow6`); link-scope sources and this node's pods' are
 //! left to `from_uplink6`.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{SVC_CT_CLOSING, SVC_CT_FORWARD};
+use ebpf_common::{IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD};
 
 use super::{
     ct, frontend,
@@ -28,7 +28,13 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         return packet::PASS;
     }
     let config = config::get();
-    if ipv6::is_link_scope(&key.src_addr) || config.in_node_pods6(&key.src_addr) {
+    // Link-scope sources are no client of a Service; this node's pods' are forged (from_uplink6
+    // drops them).
+    let src = &key.src_addr;
+    if ipv6::is_link_scope(src)
+        || config.in_node_pods6(src)
+        || config.in_cluster6(src) && maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some()
+    {
         return packet::PASS;
     }
     if let Some(entry) = ct::find(key) {
