@@ -46,11 +46,25 @@ pub enum DropReason {
     /// `ECONNREFUSED`, as kube-proxy's REJECT rule answers, rather than left to time out.
     /// Counted per refused call (`bytes` stays 0: no packet was built).
     ServiceNoEndpoint = 14,
+    /// From the uplink to an `externalTrafficPolicy: Local` frontend on a node without a local
+    /// endpoint: not forwarded, as kube-proxy drops it (the load balancer's health check sends
+    /// clients elsewhere).
+    ServiceNoLocalEndpoint = 15,
+    /// A client address opened as many flows to external frontends in this window as
+    /// `SVC_CLIENT_NEW_FLOWS` allows: its new flow creates no state (a SYN flood from one
+    /// source fills no more of `SVC_CT`).
+    ServiceClientShare = 16,
+    /// A no-endpoint answer (RST, ICMP port unreachable) over this CPU's budget per second, or
+    /// one that would be larger than its request: dropped instead, so the node cannot be used
+    /// as a reflector.
+    ServiceRejectLimited = 17,
+    /// No free SNAT port towards a remote backend (all tries taken by live flows).
+    ServicePortsExhausted = 18,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 18] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -65,6 +79,10 @@ impl DropReason {
         Self::SpoofedUplinkSource,
         Self::NatPodShare,
         Self::ServiceNoEndpoint,
+        Self::ServiceNoLocalEndpoint,
+        Self::ServiceClientShare,
+        Self::ServiceRejectLimited,
+        Self::ServicePortsExhausted,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -86,6 +104,10 @@ impl DropReason {
             Self::SpoofedUplinkSource => "spoofed-uplink-source",
             Self::NatPodShare => "nat-pod-share",
             Self::ServiceNoEndpoint => "service-no-endpoint",
+            Self::ServiceNoLocalEndpoint => "service-no-local-endpoint",
+            Self::ServiceClientShare => "service-client-share",
+            Self::ServiceRejectLimited => "service-reject-limited",
+            Self::ServicePortsExhausted => "service-ports-exhausted",
         }
     }
 

@@ -30,11 +30,17 @@ pub enum ForwardPath {
     /// Answered by the datapath itself, back into the pod: ARP requests and IPv6 neighbour
     /// solicitations for the pod's gateway (or any address but the pod's own).
     Answered = 9,
+    /// From the uplink to a Service frontend (NodePort, LoadBalancer IP, externalIP) or its
+    /// remote backend's reply, translated in BPF and sent on: into a local backend, out to
+    /// another node's backend, or back to the client.
+    ServiceTranslated = 10,
+    /// A local backend's reply to a translated flow, leaving the uplink as the frontend.
+    ServiceReply = 11,
 }
 
 impl ForwardPath {
     /// Every path, in number order.
-    pub const ALL: [ForwardPath; 10] = [
+    pub const ALL: [ForwardPath; 12] = [
         Self::PodToPod,
         Self::ToOtherNode,
         Self::ToStack,
@@ -45,6 +51,8 @@ impl ForwardPath {
         Self::StackFlow,
         Self::NotMasqueraded,
         Self::Answered,
+        Self::ServiceTranslated,
+        Self::ServiceReply,
     ];
 
     /// Size of `FORWARDED`: one slot per path.
@@ -62,6 +70,8 @@ impl ForwardPath {
             Self::StackFlow => "stack-flow",
             Self::NotMasqueraded => "not-masqueraded",
             Self::Answered => "answered",
+            Self::ServiceTranslated => "service-translated",
+            Self::ServiceReply => "service-reply",
         }
     }
 

@@ -12,6 +12,7 @@ mod flows;
 mod forward_path;
 mod nat;
 mod service;
+mod service_ct;
 mod shares;
 
 pub use config::DatapathConfig;
@@ -24,6 +25,7 @@ pub use flows::*;
 pub use forward_path::ForwardPath;
 pub use nat::*;
 pub use service::*;
+pub use service_ct::*;
 pub use shares::*;
 
 /// Version of the pinned map layout and program ABI; part of the pin path (`…/<network>/v<N>/`).
@@ -75,6 +77,19 @@ pub mod names {
     pub const SVC_AFFINITY: &str = "SVC_AFFINITY";
     pub const SVC_SOCKETS: &str = "SVC_SOCKETS";
     pub const SVC_COUNTERS: &str = "SVC_COUNTERS";
+    pub const SVC_CT: &str = "SVC_CT";
+    pub const SVC_CLIENTS: &str = "SVC_CLIENTS";
+    pub const SVC_REJECTS: &str = "SVC_REJECTS";
+    /// Per-packet Service translation on the uplink (`ebpf/src/service/`): the client's side
+    /// in, the local backends' replies out; IPv4, then IPv6.
+    pub const SVC_FROM_UPLINK: &str = "svc_from_uplink";
+    pub const SVC_TO_UPLINK: &str = "svc_to_uplink";
+    pub const SVC_FROM_UPLINK6: &str = "svc_from_uplink6";
+    /// The no-endpoint answers, tail-called from the two above through `SVC_REJECT_PROGS`.
+    pub const SVC_REJECT: &str = "svc_reject";
+    pub const SVC_REJECT6: &str = "svc_reject6";
+    pub const SVC_REJECT_PROGS: &str = "SVC_REJECT_PROGS";
+    pub const SVC_TO_UPLINK6: &str = "svc_to_uplink6";
     /// The socket LB's programs (`cgroup/<hook>` sections), in attach order.
     pub const SOCKET_LB: [&str; 8] = [
         "svc_connect4",
@@ -113,4 +128,7 @@ mod pod {
     unsafe impl aya::Pod for crate::Affinity {}
     unsafe impl aya::Pod for crate::SocketKey {}
     unsafe impl aya::Pod for crate::SocketService {}
+    unsafe impl aya::Pod for crate::SvcCtEntry {}
+    unsafe impl aya::Pod for crate::SvcClient {}
+    unsafe impl aya::Pod for crate::SvcRejectBudget {}
 }

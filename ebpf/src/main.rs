@@ -112,6 +112,45 @@ mod programs {
         crate::uplink6::ingress(&ctx)
     }
 
+    /// Per-packet Service translation from the LAN (`service/nodeport.rs`), before
+    /// `from_uplink` on the uplink's ingress when the node file sets `kubeProxyReplacement`:
+    /// a program of its own, so `from_uplink`'s stack and verifier budget stay as they are.
+    #[classifier]
+    pub fn svc_from_uplink(ctx: TcContext) -> i32 {
+        crate::service::nodeport::ingress(&ctx)
+    }
+
+    /// Local backends' replies to those flows (`service/reply.rs`), before `to_uplink`.
+    #[classifier]
+    pub fn svc_to_uplink(ctx: TcContext) -> i32 {
+        crate::service::reply::egress(&ctx)
+    }
+
+    /// `svc_from_uplink` for IPv6, before `from_uplink6` (`service/nodeport6.rs`).
+    #[classifier]
+    pub fn svc_from_uplink6(ctx: TcContext) -> i32 {
+        crate::service::nodeport6::ingress(&ctx)
+    }
+
+    /// `svc_to_uplink` for IPv6, before `to_uplink6`.
+    #[classifier]
+    pub fn svc_to_uplink6(ctx: TcContext) -> i32 {
+        crate::service::reply::egress6(&ctx)
+    }
+
+    /// A frontend without endpoint answers (`service/reject.rs`): reached by a tail call from
+    /// `svc_from_uplink`, never attached.
+    #[classifier]
+    pub fn svc_reject(ctx: TcContext) -> i32 {
+        crate::service::reject::program(&ctx)
+    }
+
+    /// The same for IPv6 (`service/reject6.rs`), from `svc_from_uplink6`.
+    #[classifier]
+    pub fn svc_reject6(ctx: TcContext) -> i32 {
+        crate::service::reject6::program(&ctx)
+    }
+
     /// The socket LB (`service/`): cgroup `sock_addr` hooks, attached at the node file's
     /// `cgroupRoot` when it sets `kubeProxyReplacement`. Programs of their own, not more code
     /// in the TC ones: each has its own 512-byte stack and verifier budget.

@@ -3,7 +3,11 @@
 //! the pins and only check that they were loaded with the same settings.
 use std::{fs, os::unix::fs::DirBuilderExt as _};
 
-use aya::{Ebpf, EbpfLoader, maps::Array, programs::SchedClassifier};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, ProgramArray},
+    programs::SchedClassifier,
+};
 use ebpf_common::{DatapathConfig, names};
 
 use super::{
@@ -28,10 +32,22 @@ const OBJECT_NEEDS_KERNEL_BTF: bool = false;
 /// 6.18: `to_uplink` 6.5 ms, `from_uplink` 3.3, `from_pod` 3.0, `to_pod` 0.5; the IPv6 uplink
 /// programs between). Verification starts in this order, so that the longest is not left to
 /// start last on a node of few CPUs.
-const VERIFY_ORDER: [&str; 6] =
-    [names::TO_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK, names::FROM_UPLINK6, names::FROM_POD, names::TO_POD];
+const VERIFY_ORDER: [&str; 12] = [
+    names::TO_UPLINK,
+    names::TO_UPLINK6,
+    names::SVC_FROM_UPLINK6,
+    names::SVC_FROM_UPLINK,
+    names::FROM_UPLINK,
+    names::FROM_UPLINK6,
+    names::FROM_POD,
+    names::SVC_TO_UPLINK6,
+    names::SVC_TO_UPLINK,
+    names::SVC_REJECT6,
+    names::SVC_REJECT,
+    names::TO_POD,
+];
 
-const MAPS: [&str; 17] = [
+const MAPS: [&str; 21] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -49,6 +65,10 @@ const MAPS: [&str; 17] = [
     names::SVC_AFFINITY,
     names::SVC_SOCKETS,
     names::SVC_COUNTERS,
+    names::SVC_CT,
+    names::SVC_CLIENTS,
+    names::SVC_REJECTS,
+    names::SVC_REJECT_PROGS,
 ];
 
 impl Datapath {
@@ -117,9 +137,25 @@ impl Datapath {
         // Only the programs the network attaches: the verifier's time is most of a first ADD,
         // and a network without masquerade, or without IPv6, never runs the uplink's (IPv6) ones.
         let uplink_programs = if settings.uplink.is_some() { uplink::programs_for(&settings.config) } else { &[] };
-        let wanted: Vec<&str> =
-            uplink_programs.iter().map(|&(name, _)| name).chain([names::TO_POD, names::FROM_POD]).collect();
-        verify_concurrently(&mut ebpf, &wanted)?;
+        // Per-packet Service translation on the uplink: with kubeProxyReplacement, and only
+        // where there is an uplink (masquerade names it and the node's address).
+        let service_programs = if settings.uplink.is_some() && settings.socket_lb.is_some() {
+            uplink::service_programs_for(&settings.config)
+        } else {
+            &[]
+        };
+        // The no-endpoint answers, one per family the Service programs serve (never attached).
+        let rejects = &[names::SVC_REJECT, names::SVC_REJECT6][..service_programs.len() / 2];
+        let wanted: Vec<&str> = uplink_programs
+            .iter()
+            .chain(service_programs)
+            .map(|&(name, _)| name)
+            .chain([names::TO_POD, names::FROM_POD])
+            .collect();
+        verify_concurrently(&mut ebpf, &[&wanted[..], rejects].concat())?;
+        if !rejects.is_empty() {
+            fill_reject_slots(&mut ebpf, rejects)?;
+        }
         // Pinned before they are attached, so that a restarted load finds their filters.
         for &name in wanted.iter().filter(|&&name| name != names::FROM_POD) {
             classifier(&mut ebpf, name)?
@@ -127,7 +163,9 @@ impl Datapath {
                 .cni(ErrorCode::DATAPATH, format!("cannot pin {name}"))?;
         }
         if let Some(uplink) = &settings.uplink {
-            for &(name, direction) in uplink_programs {
+            // The Service programs last: a filter added without a priority goes before those
+            // there, so they see the uplink's packets first and pass the rest on.
+            for &(name, direction) in uplink_programs.iter().chain(service_programs) {
                 if uplink::attach(classifier(&mut ebpf, name)?, uplink, direction)? {
                     self.mark_clsact_ours()?;
                 }
@@ -217,6 +255,18 @@ fn verify_concurrently(ebpf: &mut Ebpf, names: &[&str]) -> CniResult<()> {
             .collect();
         loads.into_iter().try_for_each(|load| load.join().unwrap_or_else(|_| Err(internal("a program load panicked"))))
     })
+}
+
+/// Puts the answering programs into `SVC_REJECT_PROGS` (slot 0 IPv4, 1 IPv6). The map is
+/// pinned: a program array loses its entries once no file descriptor or pin refers to it.
+fn fill_reject_slots(ebpf: &mut Ebpf, rejects: &[&str]) -> CniResult<()> {
+    let map = ebpf.take_map(names::SVC_REJECT_PROGS).ok_or_else(|| internal("object has no SVC_REJECT_PROGS"))?;
+    let mut slots = ProgramArray::try_from(map).cni(ErrorCode::INTERNAL, "SVC_REJECT_PROGS is no program array")?;
+    for (slot, name) in rejects.iter().enumerate() {
+        let fd = classifier(ebpf, name)?.fd().cni(ErrorCode::INTERNAL, format!("{name} is not loaded"))?;
+        slots.set(slot as u32, fd, 0).cni(ErrorCode::DATAPATH, format!("cannot put {name} into SVC_REJECT_PROGS"))?;
+    }
+    Ok(())
 }
 
 fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> CniResult<&'a mut SchedClassifier> {

@@ -25,6 +25,20 @@ pub const PROGRAMS: [(&str, TcAttachType); 4] = [
     (names::FROM_UPLINK6, TcAttachType::Ingress),
 ];
 
+/// Per-packet Service translation (kubeProxyReplacement), attached after the others so that it
+/// runs first: `svc_from_uplink` before `from_uplink`, `svc_to_uplink` before `to_uplink`.
+pub const SERVICE_PROGRAMS: [(&str, TcAttachType); 4] = [
+    (names::SVC_FROM_UPLINK, TcAttachType::Ingress),
+    (names::SVC_TO_UPLINK, TcAttachType::Egress),
+    (names::SVC_FROM_UPLINK6, TcAttachType::Ingress),
+    (names::SVC_TO_UPLINK6, TcAttachType::Egress),
+];
+
+/// The Service programs a network with these settings attaches: IPv6's only with IPv6 pods.
+pub fn service_programs_for(config: &DatapathConfig) -> &'static [(&'static str, TcAttachType)] {
+    if config.cluster_prefix6 != 0 { &SERVICE_PROGRAMS } else { &SERVICE_PROGRAMS[..2] }
+}
+
 /// The uplink programs a network with these settings attaches: IPv6's only with IPv6 pods, so
 /// that an IPv4-only network's uplink runs one program each way, as before.
 pub fn programs_for(config: &DatapathConfig) -> &'static [(&'static str, TcAttachType)] {
@@ -45,7 +59,7 @@ impl Datapath {
             return Ok(0); // the uplink is gone, and its filters with it
         };
         let mut removed = 0;
-        for (name, direction) in PROGRAMS {
+        for (name, direction) in PROGRAMS.into_iter().chain(SERVICE_PROGRAMS) {
             let pin = self.pins.program(name);
             if !pin.exists() {
                 continue;

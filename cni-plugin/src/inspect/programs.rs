@@ -118,9 +118,18 @@ impl Row for ProgramRow {
 
 pub fn rows(pins: &Pins, interfaces: &Interfaces) -> Result<Vec<ProgramRow>> {
     let mut pinned = BTreeMap::new();
-    for name in
-        [names::FROM_POD, names::TO_POD, names::TO_UPLINK, names::FROM_UPLINK, names::TO_UPLINK6, names::FROM_UPLINK6]
-    {
+    for name in [
+        names::FROM_POD,
+        names::TO_POD,
+        names::TO_UPLINK,
+        names::FROM_UPLINK,
+        names::TO_UPLINK6,
+        names::FROM_UPLINK6,
+        names::SVC_FROM_UPLINK,
+        names::SVC_TO_UPLINK,
+        names::SVC_FROM_UPLINK6,
+        names::SVC_TO_UPLINK6,
+    ] {
         // A network loads only the programs it attaches (no uplink ones without masquerade,
         // no IPv6 uplink ones without IPv6).
         let pin = pins.program(name);

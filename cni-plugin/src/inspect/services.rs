@@ -14,7 +14,7 @@ use crate::bpf::{
 pub struct ServiceRow(ServiceView);
 
 impl Row for ServiceRow {
-    const HEADERS: &'static [&'static str] = &["FRONTEND", "PROTO", "BACKENDS", "AFFINITY", "REVISION"];
+    const HEADERS: &'static [&'static str] = &["FRONTEND", "PROTO", "BACKENDS", "AFFINITY", "EXTERNAL", "REVISION"];
     fn cells(&self) -> Vec<String> {
         let s = &self.0;
         let frontend = std::net::SocketAddr::new(s.frontend.ip, s.frontend.port);
@@ -25,6 +25,11 @@ impl Row for ServiceRow {
             // No backend: connects are refused at once.
             if backends.is_empty() { "(none: refused)".into() } else { backends.join(",") },
             s.affinity.map_or_else(|| "-".into(), |t| format!("ClientIP {}s", t.as_secs())),
+            match (s.external, s.local) {
+                (false, _) => "-".into(),
+                (true, false) => "cluster".into(),
+                (true, true) => "local".into(),
+            },
             s.revision.to_string(),
         ]
     }

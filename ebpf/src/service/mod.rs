@@ -3,8 +3,28 @@
 //! Service again where the application reads its peer (`reverse.rs`). The flow is then plain
 //! pod → pod, on the TC fast paths, with no per-packet translation. Maps in `maps.rs`, the
 //! backend choice in `pick.rs`, the context's address fields in `addr.rs`.
+//!
+//! Per-packet translation for what does not come from a local socket (NodePort, LoadBalancer
+//! IPs, externalIPs from the LAN): `nodeport.rs` (uplink ingress) and `reply.rs` (uplink
+//! egress) over our own connection tracking `ct.rs`, with `frontend.rs` (which frontend, which
+//! backend), `open.rs` (a new flow), `share.rs` (one client's share), `snat_port.rs` (ports
+//! towards remote backends), `xlate.rs` (the rewrite) and `reject.rs` (a frontend without
+//! endpoint answers); IPv6's `nodeport6.rs`, `xlate6.rs`, `reject6.rs` (its replies out:
+//! `reply.rs` too).
 pub mod addr;
+pub mod ct;
+pub mod frontend;
 pub mod maps;
+pub mod nodeport;
+pub mod nodeport6;
+pub mod open;
 pub mod pick;
+pub mod reject;
+pub mod reject6;
+pub mod reply;
 pub mod reverse;
+pub mod share;
+pub mod snat_port;
 pub mod translate;
+pub mod xlate;
+pub mod xlate6;

@@ -1,7 +1,7 @@
 //! connect (TCP, connected UDP) and sendmsg (unconnected UDP) to a frontend: the socket gets a
 //! backend's address instead, and `SVC_SOCKETS` remembers which frontend it addressed.
 use aya_ebpf::{EbpfContext as _, helpers, programs::SockAddrContext};
-use ebpf_common::{DropReason, ServiceEvent, ServiceKey, SocketKey, SocketService};
+use ebpf_common::{DropReason, FAMILY_IPV4, ServiceEvent, ServiceKey, SocketKey, SocketService};
 
 use super::{
     addr,
@@ -25,7 +25,13 @@ pub fn translate(ctx: &SockAddrContext, family: u8, event: ServiceEvent) -> i32 
     }
     let addressed = addr::read(ctx, family);
     let frontend = ServiceKey { addr: addressed.addr, port: addressed.port, protocol: protocol as u8, family };
-    match pick(ctx, &frontend) {
+    let mut picked = pick(ctx, &frontend);
+    // A NodePort is keyed "any node address" (address zero): a pod or the node calling its
+    // own node's NodePort (hairpin) gets it here, without a packet to translate.
+    if matches!(picked, Pick::NotAService) && is_node_address(family, &addressed.addr) {
+        picked = pick(ctx, &ServiceKey { addr: [0; 16], ..frontend });
+    }
+    match picked {
         Pick::NotAService => ALLOW,
         Pick::NoEndpoint => refuse(),
         // The writer keeps a Service's backends of its own family; anything else is refused
@@ -40,6 +46,17 @@ pub fn translate(ctx: &SockAddrContext, family: u8, event: ServiceEvent) -> i32 
             count(event);
             ALLOW
         }
+    }
+}
+
+/// The node's address of `family` (`nodeIP`, `nodeIPv6`).
+#[inline(always)]
+fn is_node_address(family: u8, addr: &[u8; 16]) -> bool {
+    let config = crate::config::get();
+    if family == FAMILY_IPV4 {
+        config.node_ipv4 != [0; 4] && addr[..4] == config.node_ipv4
+    } else {
+        config.node_ipv6 != [0; 16] && *addr == config.node_ipv6
     }
 }
 

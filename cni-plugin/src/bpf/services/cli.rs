@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use anyhow::Context as _;
 use clap::Args;
 
-use super::{Frontend, Protocol, ServiceWriter};
+use super::{Exposure, Frontend, Protocol, ServiceWriter};
 use crate::{bpf::read, cni::config::DEFAULT_BPFFS_ROOT};
 
 #[derive(Args)]
@@ -26,6 +26,13 @@ pub struct ServiceSet {
     /// `sessionAffinity: ClientIP` with this timeout in seconds.
     #[arg(long)]
     affinity_seconds: Option<u64>,
+    /// Reached per packet from the LAN too (a LoadBalancer IP, an externalIP); a frontend
+    /// `0.0.0.0:<port>` (`[::]:<port>`) is a NodePort on the node's address, always external.
+    #[arg(long)]
+    external: bool,
+    /// `externalTrafficPolicy: Local` (the backends given are this node's).
+    #[arg(long)]
+    local: bool,
     /// Remove the Service instead.
     #[arg(long, conflicts_with = "backends")]
     remove: bool,
@@ -38,7 +45,13 @@ pub fn run(args: ServiceSet) -> anyhow::Result<()> {
     let settled = if args.remove {
         writer.remove(frontend)?.with_context(|| format!("no Service {} {:?}", args.frontend, args.protocol))?
     } else {
-        writer.upsert(frontend, &args.backends, args.affinity_seconds.map(Duration::from_secs))?
+        let affinity = args.affinity_seconds.map(Duration::from_secs);
+        let exposure = Exposure { external: args.external, local: args.local };
+        if exposure == Exposure::default() {
+            writer.upsert(frontend, &args.backends, affinity)?
+        } else {
+            writer.upsert_exposed(frontend, &args.backends, affinity, exposure)?
+        }
     };
     crate::cli::write_stdout(&format!("{}\n", serde_json::to_string(&settled)?))?;
     Ok(())

@@ -21,8 +21,8 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use aya::maps::{HashMap, Map, MapData, MapError};
 use ebpf_common::{
-    Backend, BackendKey, FAMILY_IPV4, FAMILY_IPV6, SERVICE_AFFINITY, SERVICE_MAX_BACKENDS, Service, ServiceKey,
-    SocketKey, SocketService, ipv4_in_16, names,
+    Backend, BackendKey, FAMILY_IPV4, FAMILY_IPV6, SERVICE_AFFINITY, SERVICE_EXTERNAL, SERVICE_EXTERNAL_LOCAL,
+    SERVICE_MAX_BACKENDS, Service, ServiceKey, SocketKey, SocketService, ipv4_in_16, names,
 };
 use serde::Serialize;
 
@@ -82,6 +82,25 @@ pub struct ServiceView {
     #[serde(with = "affinity_seconds")]
     pub affinity: Option<Duration>,
     pub revision: u32,
+    /// Reached per packet from the LAN (NodePort, LoadBalancer IP, externalIP).
+    pub external: bool,
+    /// `externalTrafficPolicy: Local`.
+    pub local: bool,
+}
+
+/// How a frontend is reached from outside the node's sockets. A frontend whose address is
+/// unspecified (`0.0.0.0`, `::`) is a NodePort, "this port on the node's address", and always
+/// external.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exposure {
+    /// Translated per packet from the uplink (a NodePort, a LoadBalancer ingress IP, an
+    /// externalIP), besides the socket LB.
+    pub external: bool,
+    /// `externalTrafficPolicy: Local`: the backends given are this node's only (the caller
+    /// filters them by `nodeName`), the client's address is kept; none given: the node does
+    /// not forward (dropped, counted). A Service with no endpoint on any node must be written
+    /// without it, so that it is rejected at once as kube-proxy does.
+    pub local: bool,
 }
 
 mod affinity_seconds {
@@ -122,6 +141,17 @@ impl ServiceWriter {
         backends: &[SocketAddr],
         affinity: Option<Duration>,
     ) -> anyhow::Result<Settled> {
+        self.upsert_exposed(frontend, backends, affinity, Exposure::default())
+    }
+
+    /// [`Self::upsert`] for a frontend reached from outside too (see [`Exposure`]).
+    pub fn upsert_exposed(
+        &mut self,
+        frontend: Frontend,
+        backends: &[SocketAddr],
+        affinity: Option<Duration>,
+        exposure: Exposure,
+    ) -> anyhow::Result<Settled> {
         ensure!(backends.len() as u32 <= SERVICE_MAX_BACKENDS, "more than {SERVICE_MAX_BACKENDS} backends");
         let family = family(frontend.ip);
         if let Some(other) = backends.iter().find(|b| self::family(b.ip()) != family) {
@@ -147,7 +177,7 @@ impl ServiceWriter {
             id,
             revision,
             count: backends.len() as u16,
-            flags: if affinity.is_some() { SERVICE_AFFINITY } else { 0 },
+            flags: flags(frontend, affinity, exposure),
             bank,
             affinity_timeout_s: timeout,
         };
@@ -181,7 +211,14 @@ impl ServiceWriter {
             let Some(frontend) = frontend_of(&key) else { continue };
             let affinity = (service.flags & SERVICE_AFFINITY != 0)
                 .then(|| Duration::from_secs(u64::from(service.affinity_timeout_s)));
-            all.push(ServiceView { frontend, backends: self.bank(&service)?, affinity, revision: service.revision });
+            all.push(ServiceView {
+                frontend,
+                backends: self.bank(&service)?,
+                affinity,
+                revision: service.revision,
+                external: service.flags & SERVICE_EXTERNAL != 0,
+                local: service.flags & SERVICE_EXTERNAL_LOCAL != 0,
+            });
         }
         all.sort_by_key(|s| s.frontend);
         Ok(all)
@@ -219,6 +256,18 @@ impl ServiceWriter {
         }
         Ok(())
     }
+}
+
+/// `Service::flags` for a frontend.
+fn flags(frontend: Frontend, affinity: Option<Duration>, exposure: Exposure) -> u8 {
+    let mut flags = if affinity.is_some() { SERVICE_AFFINITY } else { 0 };
+    if exposure.external || frontend.ip.is_unspecified() {
+        flags |= SERVICE_EXTERNAL;
+        if exposure.local {
+            flags |= SERVICE_EXTERNAL_LOCAL;
+        }
+    }
+    flags
 }
 
 fn family(ip: IpAddr) -> u8 {

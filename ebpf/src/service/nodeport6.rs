@@ -1,0 +1,54 @@
+//! `svc_from_uplink6`: `nodeport.rs` for IPv6, before `from_uplink6`. Only packets whose first
+//! header after IPv6 is TCP or UDP (`Flow6`); link-scope sources and this node's pods' are
+//! left to `from_uplink6`.
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD};
+
+use super::{
+    ct, frontend,
+    maps::REJECT_V6,
+    open::{Opened, open},
+    reject, xlate6,
+};
+use crate::{
+    config,
+    flow::is_ipv6,
+    flow::{PROTO_TCP, PROTO_UDP},
+    flow6::Flow6,
+    ipv6, maps, packet,
+};
+
+pub fn ingress(ctx: &TcContext) -> i32 {
+    if !is_ipv6(ctx) {
+        return packet::PASS;
+    }
+    let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
+    let key = &flow.key;
+    if key.protocol != PROTO_TCP && key.protocol != PROTO_UDP {
+        return packet::PASS;
+    }
+    let config = config::get();
+    // Link-scope sources are no client of a Service; this node's pods' are forged (from_uplink6
+    // drops them).
+    let src = &key.src_addr;
+    if ipv6::is_link_scope(src)
+        || config.in_node_pods6(src)
+        || config.in_cluster6(src) && maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some()
+    {
+        return packet::PASS;
+    }
+    if let Some(entry) = ct::find(key) {
+        let reopens = entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens();
+        if !reopens {
+            ct::seen(key, &entry, flow.tcp_flags);
+            return xlate6::forward(ctx, &flow, &entry);
+        }
+    }
+    let Some(service) = frontend::external(key, &config.node_ipv6) else { return packet::PASS };
+    match open(key, flow.opens(), &service, config.node_ipv6) {
+        Opened::Flow(entry) => xlate6::forward(ctx, &flow, &entry),
+        Opened::Pass => packet::PASS,
+        Opened::Drop(reason) => maps::drop(ctx, reason),
+        Opened::Reject => reject::tail(ctx, REJECT_V6),
+    }
+}

@@ -1,0 +1,45 @@
+//! Applies an `SVC_CT` entry to the packet in hand (both sides, checksums fixed incrementally
+//! by `rewrite.rs`), and sends a translated packet from the uplink on: into a local backend, or
+//! out of the uplink again (a remote backend, a remote backend's reply to its client).
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{DropReason, ForwardPath, IpKey, SvcCtEntry};
+use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+
+use crate::{
+    deliver, fib,
+    flow::{Flow, IP_OFFSET, v4_from_16},
+    maps, packet,
+    rewrite::{Side, rewrite},
+};
+
+#[inline(always)]
+pub fn apply(ctx: &TcContext, flow: &Flow, entry: &SvcCtEntry) -> Result<(), DropReason> {
+    let (src, dst) = (v4_from_16(entry.src_addr), v4_from_16(entry.dst_addr));
+    if src != flow.src || entry.src_port != flow.src_port {
+        rewrite(ctx, flow, Side::Source, src, entry.src_port)?;
+    }
+    if dst != flow.dst || entry.dst_port != flow.dst_port {
+        rewrite(ctx, flow, Side::Destination, dst, entry.dst_port)?;
+    }
+    Ok(())
+}
+
+/// Translates a packet that arrived on the uplink and sends it where it now goes.
+#[inline(always)]
+pub fn forward(ctx: &TcContext, flow: &Flow, entry: &SvcCtEntry) -> i32 {
+    if let Err(reason) = apply(ctx, flow, entry) {
+        return maps::drop(ctx, reason);
+    }
+    let dst = v4_from_16(entry.dst_addr);
+    if let Some(pod) = maps::endpoint(&IpKey::v4(dst)) {
+        return deliver::into_pod(ctx, &pod, ForwardPath::ServiceTranslated);
+    }
+    // Out of the uplink by the FIB (the path's counter is the FIB's: to-other-node). Never to
+    // the stack, which would take the node's own source address for a martian.
+    let (Some(eth), Some(ip)) = (packet::header_mut::<EthHdr>(ctx, 0), packet::header_mut::<Ipv4Hdr>(ctx, IP_OFFSET))
+    else {
+        return maps::drop(ctx, DropReason::Malformed);
+    };
+    maps::forwarded(ctx, ForwardPath::ServiceTranslated, 0);
+    fib::forward(ctx, eth, ip)
+}
