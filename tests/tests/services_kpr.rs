@@ -33,6 +33,31 @@ fn service(name: &str, ip: &str) -> Value {
                                 { "name": "dns", "port": 53, "protocol": "UDP", "targetPort": UDP_PORT }] } })
 }
 
+/// `service` with NodePort `node_port` for its TCP port.
+fn node_port_service(name: &str, ip: &str, node_port: u16) -> Value {
+    let mut s = service(name, ip);
+    s["spec"]["type"] = json!("NodePort");
+    s["spec"]["ports"][0]["nodePort"] = json!(node_port);
+    s
+}
+
+/// A TCP request from `netns` (the LAN's host) to `to`: the reply, or the connect's errno.
+fn from_outside(netns: &str, to: SocketAddrV4) -> Result<String, i32> {
+    use std::io::{Read as _, Write as _};
+    ebpf_cni_tests::traffic::in_netns(netns, move || {
+        let mut stream = match std::net::TcpStream::connect_timeout(&to.into(), Duration::from_secs(2)) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e.raw_os_error().unwrap_or(-1))),
+        };
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(b"q")?;
+        let mut buf = [0u8; 64];
+        let n = stream.read(&mut buf)?;
+        Ok(Ok(String::from_utf8_lossy(&buf[..n]).into_owned()))
+    })
+    .unwrap()
+}
+
 fn slice(name: &str, service: &str, pods: &[&LanPod]) -> Value {
     let endpoints: Vec<Value> = pods
         .iter()
@@ -112,7 +137,7 @@ fn the_agent_serves_services_without_kube_proxy() {
         [json!({ "metadata": { "name": "node-1" }, "spec": { "podCIDR": lan.nodes[0].subnet },
                               "status": { "addresses": [{ "type": "InternalIP", "address": node_ip.to_string() }] } })],
     );
-    store.put(SERVICES, [service("web", VIP), service("empty", "10.96.6.20")]);
+    store.put(SERVICES, [node_port_service("web", VIP, 30080), node_port_service("empty", "10.96.6.20", 30081)]);
     store.put(SLICES, [slice("web-1", "web", &[&a])]);
     let agent = start_agent(&lan, &node_file);
     let first = wait_backends(&lan, &[&a], &agent);
@@ -144,7 +169,11 @@ fn the_agent_serves_services_without_kube_proxy() {
         assert!(Instant::now() < deadline, "the connected UDP socket is still not on B: {line}");
     }
 
-    // A Service without an endpoint is refused at once.
+    // From outside the node, its NodePort (per packet, no local socket): the backend on node 2.
+    let host = lan.host.name.clone();
+    assert_eq!(from_outside(&host, SocketAddrV4::new(node_ip, 30080)).as_deref(), Ok("B"), "NodePort from the LAN");
+    // A Service without an endpoint: its NodePort answers at once (a RST), its ClusterIP refuses.
+    assert_eq!(from_outside(&host, SocketAddrV4::new(node_ip, 30081)), Err(libc::ECONNREFUSED));
     let refused = Client::once(&cgroup, &client, &["tcp", "10.96.6.20", "80"]);
     assert_eq!(refused["error"], json!(libc::ECONNREFUSED), "{refused}");
     assert!(refused["ms"].as_f64().unwrap() < 100.0, "{refused}");
@@ -160,7 +189,8 @@ fn the_agent_serves_services_without_kube_proxy() {
         prometheus::value(&families, "ebpf_cni_service_translations_total", &[("network", net), ("event", "connect")]);
     assert!(connects.unwrap_or(0.0) >= 3.0, "connect translations: {connects:?}");
     let frontends = prometheus::value(&families, "ebpf_cni_service_frontends", &[("network", net)]);
-    assert_eq!(frontends, Some(4.0), "2 Services × TCP and UDP");
+    // 2 Services × TCP and UDP ClusterIPs, and their 2 NodePorts (the key "any node address").
+    assert_eq!(frontends, Some(6.0));
 
     // The agent restarted: the Services keep serving while it lists again, and after.
     drop(agent);

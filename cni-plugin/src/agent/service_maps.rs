@@ -7,7 +7,7 @@
 //! nothing is written before the model has both first lists), and after that only the changes.
 use std::{
     collections::BTreeMap,
-    net::SocketAddr,
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     os::unix::fs::MetadataExt as _,
     time::{Duration, Instant},
 };
@@ -17,9 +17,9 @@ use ebpf_common::names;
 use crate::{
     bpf::{
         Pins,
-        services::{self as maps, ServiceWriter},
+        services::{self as maps, Exposure, ServiceWriter},
     },
-    services::{Entry, Frontend, LogSink, Protocol, ServiceSink},
+    services::{Entry, Frontend, Kind, LogSink, Protocol, ServiceSink, WhenEmpty},
 };
 
 /// How often, with no change to write, the sink checks that its maps are still the pinned
@@ -28,13 +28,22 @@ const RECHECK: Duration = Duration::from_secs(1);
 
 pub struct MapSink {
     pins: Pins,
+    /// The model's frontends, as the maps must hold them.
     desired: BTreeMap<Frontend, Entry>,
-    /// The frontends changed since the last write.
-    pending: BTreeMap<Frontend, Option<Entry>>,
+    /// The map keys changed since the last write: what each must hold now, or nothing.
+    pending: BTreeMap<maps::Frontend, Option<Target>>,
     /// The open writer, with the inode of the `SVC_FRONTENDS` pin it opened.
     writer: Option<(ServiceWriter, u64)>,
     checked: Instant,
     log: LogSink,
+}
+
+/// What one map key holds.
+#[derive(Clone)]
+struct Target {
+    backends: Vec<SocketAddr>,
+    affinity: Option<Duration>,
+    exposure: Exposure,
 }
 
 impl MapSink {
@@ -71,63 +80,84 @@ impl MapSink {
             return;
         }
         let pending = std::mem::take(&mut self.pending);
-        for (frontend, entry) in pending {
-            if let Err(e) = self.apply(&frontend, entry.as_ref()) {
-                log::error!("services: frontend {frontend}: {e:#}; writing every frontend again");
+        for (key, target) in pending {
+            if let Err(e) = self.apply(key, target.as_ref()) {
+                log::error!("services: frontend {key:?}: {e:#}; writing every frontend again");
                 self.writer = None;
                 return;
             }
         }
     }
 
-    /// Every desired frontend written, every other one in the maps removed.
+    /// Every desired key written, every other one in the maps removed (never one that stays:
+    /// the Services keep serving while the agent writes them again).
     fn resync(&mut self) -> anyhow::Result<()> {
+        let targets: BTreeMap<maps::Frontend, Target> = self.desired.iter().map(|(f, e)| target(f, e)).collect();
         let Some((writer, _)) = &mut self.writer else { return Ok(()) };
         let stale: Vec<maps::Frontend> =
-            writer.list()?.into_iter().map(|s| s.frontend).filter(|f| !self.desired.contains_key(&ours(*f))).collect();
+            writer.list()?.into_iter().map(|s| s.frontend).filter(|f| !targets.contains_key(f)).collect();
         for frontend in stale {
             writer.remove(frontend)?;
         }
-        let desired: Vec<(Frontend, Entry)> = self.desired.iter().map(|(f, e)| (*f, e.clone())).collect();
-        for (frontend, entry) in &desired {
-            self.apply(frontend, Some(entry))?;
+        for (key, target) in &targets {
+            self.apply(*key, Some(target))?;
         }
-        log::info!("services: wrote all {} frontends into the socket LB's maps", desired.len());
+        log::info!("services: wrote all {} frontends into the socket LB's maps", targets.len());
         Ok(())
     }
 
-    fn apply(&mut self, frontend: &Frontend, entry: Option<&Entry>) -> anyhow::Result<()> {
+    fn apply(&mut self, key: maps::Frontend, target: Option<&Target>) -> anyhow::Result<()> {
         let Some((writer, _)) = &mut self.writer else { return Ok(()) };
-        let theirs = theirs(*frontend);
-        let settled = match entry {
-            None => writer.remove(theirs)?.unwrap_or_default(),
-            Some(entry) => {
-                // Local sockets are this node's own clients: an external frontend with
-                // `externalTrafficPolicy: Local` sends them to every endpoint (`internal`).
-                let backends = entry.internal.as_ref().unwrap_or(&entry.backends);
-                let backends: Vec<SocketAddr> = backends.iter().map(|b| SocketAddr::new(b.addr, b.port)).collect();
-                let affinity = entry.affinity_seconds.map(|s| Duration::from_secs(u64::from(s)));
-                writer.upsert(theirs, &backends, affinity)?
-            }
+        let settled = match target {
+            None => writer.remove(key)?.unwrap_or_default(),
+            Some(t) => writer.upsert_exposed(key, &t.backends, t.affinity, t.exposure)?,
         };
         if settled != maps::Settled::default() {
-            log::info!("services: frontend {frontend}: sockets on removed backends settled: {settled:?}");
+            log::info!("services: frontend {key:?}: sockets on removed backends settled: {settled:?}");
         }
         Ok(())
     }
+}
+
+/// The map key and contents for the model's `frontend`.
+/// - A ClusterIP: the socket LB only; for this node's own clients, so an internal traffic policy
+///   of Local is already in `backends`.
+/// - A NodePort: the key "any node address" of its family (the per-packet path from the LAN
+///   serves every node address with it, the socket LB looks it up for a connect to the node's
+///   own address); an external one, with `externalTrafficPolicy: Local` its local backends only
+///   (a hairpin from this node then meets that choice too, where kube-proxy would give it every
+///   endpoint: one key cannot hold both lists).
+/// - A LoadBalancer ingress IP or an externalIP: its own address, external, as a NodePort.
+fn target(frontend: &Frontend, entry: &Entry) -> (maps::Frontend, Target) {
+    let mut key = theirs(*frontend);
+    if entry.kind == Kind::NodePort {
+        key.ip = if key.ip.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    }
+    let backends: Vec<SocketAddr> = entry.backends.iter().map(|b| SocketAddr::new(b.addr, b.port)).collect();
+    // Local only when that is the choice made: a Service with no endpoint anywhere is written
+    // without it, so that it is refused at once rather than dropped.
+    let local = entry.local_only && !(backends.is_empty() && entry.when_empty == WhenEmpty::Reject);
+    let exposure = Exposure { external: entry.kind.external(), local: entry.kind.external() && local };
+    let affinity = entry.affinity_seconds.map(|s| Duration::from_secs(u64::from(s)));
+    (key, Target { backends, affinity, exposure })
 }
 
 impl ServiceSink for MapSink {
     fn upsert(&mut self, frontend: &Frontend, entry: &Entry) {
         self.log.upsert(frontend, entry);
         self.desired.insert(*frontend, entry.clone());
-        self.pending.insert(*frontend, Some(entry.clone()));
+        let (key, target) = target(frontend, entry);
+        self.pending.insert(key, Some(target));
     }
 
     fn remove(&mut self, frontend: &Frontend) {
         self.log.remove(frontend);
-        self.desired.remove(frontend);
-        self.pending.insert(*frontend, None);
+        let Some(entry) = self.desired.remove(frontend) else { return };
+        let (key, _) = target(frontend, &entry);
+        // Another node address's NodePort shares the key: it stays.
+        if !self.desired.iter().any(|(f, e)| target(f, e).0 == key) {
+            self.pending.insert(key, None);
+        }
     }
 
     fn flush(&mut self) {
@@ -150,12 +180,4 @@ fn theirs(f: Frontend) -> maps::Frontend {
         Protocol::Udp => maps::Protocol::Udp,
     };
     maps::Frontend { ip: f.addr, port: f.port, protocol }
-}
-
-fn ours(f: maps::Frontend) -> Frontend {
-    let protocol = match f.protocol {
-        maps::Protocol::Tcp => Protocol::Tcp,
-        maps::Protocol::Udp => Protocol::Udp,
-    };
-    Frontend { addr: f.ip, port: f.port, protocol }
 }

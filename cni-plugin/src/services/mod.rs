@@ -15,7 +15,7 @@ mod stats;
 mod tests;
 mod translate;
 
-pub use frontend::{Entry, Frontend, Protocol, ServiceSink};
+pub use frontend::{Entry, Frontend, Kind, Protocol, ServiceSink, WhenEmpty};
 pub use model::{DEFAULT_MAX_BACKENDS, Model};
 pub use translate::Node;
 
