@@ -36,6 +36,8 @@ pub struct MapSink {
     writer: Option<(ServiceWriter, u64)>,
     checked: Instant,
     log: LogSink,
+    /// Frontends that could not be written (logged each time).
+    failures: u64,
 }
 
 /// What one map key holds.
@@ -49,7 +51,8 @@ struct Target {
 impl MapSink {
     pub fn new(pins: Pins) -> Self {
         let log = LogSink::default();
-        Self { pins, desired: BTreeMap::new(), pending: BTreeMap::new(), writer: None, checked: Instant::now(), log }
+        let (desired, pending) = (BTreeMap::new(), BTreeMap::new());
+        Self { pins, desired, pending, writer: None, checked: Instant::now(), log, failures: 0 }
     }
 
     /// The inode of the pinned frontend map: a new load pins a new map at the same path.
@@ -81,11 +84,7 @@ impl MapSink {
         }
         let pending = std::mem::take(&mut self.pending);
         for (key, target) in pending {
-            if let Err(e) = self.apply(key, target.as_ref()) {
-                log::error!("services: frontend {key:?}: {e:#}; writing every frontend again");
-                self.writer = None;
-                return;
-            }
+            self.apply_logged(key, target.as_ref());
         }
     }
 
@@ -99,11 +98,20 @@ impl MapSink {
         for frontend in stale {
             writer.remove(frontend)?;
         }
+        // One frontend that cannot be written (a full map) is logged and left out: the others
+        // are written all the same, never held up behind it.
         for (key, target) in &targets {
-            self.apply(*key, Some(target))?;
+            self.apply_logged(*key, Some(target));
         }
         log::info!("services: wrote all {} frontends into the socket LB's maps", targets.len());
         Ok(())
+    }
+
+    fn apply_logged(&mut self, key: maps::Frontend, target: Option<&Target>) {
+        if let Err(e) = self.apply(key, target) {
+            self.failures += 1;
+            log::error!("services: frontend {key:?} not written: {e:#}");
+        }
     }
 
     fn apply(&mut self, key: maps::Frontend, target: Option<&Target>) -> anyhow::Result<()> {

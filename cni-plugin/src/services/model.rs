@@ -11,15 +11,16 @@ use std::{
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
 use super::{
-    frontend::{Entry, Frontend, ServiceSink},
+    frontend::{Entry, Frontend, Kind, ServiceSink},
     spec::{self, Key, Read, SliceSpec},
     stats::Stats,
     translate::{Node, Translation, translate},
 };
 
-/// Backends one frontend may have: past it the datapath's per-Service room is spent, and a
-/// Service that big is cut (logged and counted) rather than starving the others.
-pub const DEFAULT_MAX_BACKENDS: usize = 16384;
+/// Backends one frontend may have: the socket LB's per-Service room (`SERVICE_MAX_BACKENDS`;
+/// the writer refuses more), and a Service that big is cut (logged and counted) rather than
+/// refused whole or starving the others.
+pub const DEFAULT_MAX_BACKENDS: usize = ebpf_common::SERVICE_MAX_BACKENDS as usize;
 
 pub struct Model {
     node: Node,
@@ -210,8 +211,26 @@ impl Model {
                     touched.insert(*frontend);
                 }
                 None => {
+                    // A ClusterIP is the API server's to give, once: it goes before any other
+                    // claim (an externalIP or LoadBalancer IP naming another Service's ClusterIP
+                    // must not take it, whatever the order the API lists them in).
+                    let cluster_ip = entry.kind == Kind::ClusterIp;
                     let claims = self.claims.entry(*frontend).or_default();
-                    claims.push(key.clone());
+                    let at = if cluster_ip {
+                        let translations = &self.translations;
+                        claims
+                            .iter()
+                            .position(|k| {
+                                translations
+                                    .get(k)
+                                    .and_then(|t| t.get(frontend))
+                                    .is_none_or(|e| e.kind != Kind::ClusterIp)
+                            })
+                            .unwrap_or(claims.len())
+                    } else {
+                        claims.len()
+                    };
+                    claims.insert(at, key.clone());
                     if let [first, ..] = claims.as_slice()
                         && first != key
                     {
@@ -235,6 +254,14 @@ impl Model {
         if translation.duplicates > 0 {
             log::warn!("service {key}: names {} of its frontends twice: the first is kept", translation.duplicates);
             self.stats.duplicate_frontends += translation.duplicates as u64;
+        }
+        if translation.unroutable > 0 {
+            log::warn!(
+                "service {key}: {} frontend or endpoint addresses left out (loopback, unspecified, link-local, \
+                 multicast)",
+                translation.unroutable
+            );
+            self.stats.unroutable_addresses += translation.unroutable as u64;
         }
     }
 

@@ -22,4 +22,6 @@ pub struct Stats {
     pub oversized_slices: u64,
     /// Frontends whose backends were cut to the model's limit.
     pub truncated_frontends: u64,
+    /// Frontend and endpoint addresses no Service may take (loopback, link-local, …).
+    pub unroutable_addresses: u64,
 }

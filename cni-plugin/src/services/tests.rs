@@ -394,3 +394,37 @@ fn an_endpoint_in_two_slices_counts_once() {
     model.flush(&mut table);
     assert_eq!(table.backends("10.96.0.16:80/TCP"), ["10.1.0.2:8080"]);
 }
+
+#[test]
+fn an_external_ip_naming_another_services_cluster_ip_never_takes_it() {
+    let (mut model, mut table) = (model(), Table::default());
+    // Listed first (the API lists by namespace and name), it claims kube-dns's ClusterIP.
+    let evil = service(
+        "evil",
+        json!({ "clusterIP": "10.96.0.40", "clusterIPs": ["10.96.0.40"], "externalIPs": ["10.96.0.10"],
+                                        "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080 }] }),
+    );
+    model.apply_service(&evil);
+    model.apply_slice(&slice("evil-a", "evil", "IPv4", vec![ep("10.1.0.66", "n2", READY)]));
+    model.apply_service(&cluster_ip("dns", "10.96.0.10"));
+    model.apply_slice(&slice("dns-a", "dns", "IPv4", vec![ep("10.1.0.53", "n2", READY)]));
+    model.flush(&mut table);
+    assert_eq!(table.backends("10.96.0.10:80/TCP"), ["10.1.0.53:8080"], "the ClusterIP is its own Service's");
+}
+
+#[test]
+fn loopback_link_local_and_multicast_are_no_services() {
+    let (mut model, mut table) = (model(), Table::default());
+    let spec = json!({ "clusterIP": "10.96.0.41", "clusterIPs": ["10.96.0.41"],
+                       "externalIPs": ["127.0.0.1", "169.254.169.254", "224.0.0.1", "0.0.0.0", "192.0.2.80"],
+                       "ports": [{ "name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080 }] });
+    model.apply_service(&service("web", spec));
+    let endpoints = ["10.1.0.7", "127.0.0.1", "169.254.169.254", "0.0.0.0", "224.0.0.1"];
+    model.apply_slice(&slice("web-a", "web", "IPv4", endpoints.iter().map(|a| ep(a, "n2", READY)).collect()));
+    model.flush(&mut table);
+    let mut frontends: Vec<String> = table.entries.keys().map(ToString::to_string).collect();
+    frontends.sort();
+    assert_eq!(frontends, ["10.96.0.41:80/Tcp", "192.0.2.80:80/Tcp"]);
+    assert_eq!(table.backends("10.96.0.41:80/TCP"), ["10.1.0.7:8080"]);
+    assert_eq!(model.stats.unroutable_addresses, 4 + 4);
+}

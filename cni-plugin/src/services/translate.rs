@@ -23,6 +23,21 @@ pub struct Translation {
     pub truncated: usize,
     /// Frontends the Service names twice (two ports alike): the first is kept.
     pub duplicates: usize,
+    /// Frontend and endpoint addresses left out as no Service's to take ([`routable`]).
+    pub unroutable: usize,
+}
+
+/// Whether `ip` may be a Service's frontend or backend. Not the node's own loopback, the
+/// unspecified address, link-local (a cloud's metadata service, 169.254.169.254, among them),
+/// multicast or broadcast: the socket LB sees every connect of the node's processes, and an
+/// API object (an externalIP, a LoadBalancer IP in a status, an EndpointSlice) could otherwise
+/// take `127.0.0.1:2379` or the metadata service for every host process.
+pub fn routable(ip: IpAddr) -> bool {
+    let link_local = match ip {
+        IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    };
+    !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || link_local)
 }
 
 pub fn translate<'a>(
@@ -32,9 +47,12 @@ pub fn translate<'a>(
     node: &Node,
     max_backends: usize,
 ) -> Translation {
-    let mut out = Translation { frontends: BTreeMap::new(), truncated: 0, duplicates: 0 };
+    let mut out = Translation { frontends: BTreeMap::new(), truncated: 0, duplicates: 0, unroutable: 0 };
     for port in &spec.ports {
-        let endpoints = port_endpoints(port, slices.clone());
+        let mut endpoints = port_endpoints(port, slices.clone());
+        let all = endpoints.len();
+        endpoints.retain(|(e, _)| routable(e.addr));
+        out.unroutable += all - endpoints.len();
         let service =
             if port.name.is_empty() { format!("{key}:{}", port.port) } else { format!("{key}:{}", port.name) };
         for v4 in [true, false] {
@@ -44,6 +62,10 @@ pub fn translate<'a>(
             let family: Vec<&(Endpoint, u16)> = endpoints.iter().filter(|(e, _)| e.addr.is_ipv4() == v4).collect();
             let sets = Sets::of(&family, &node.name);
             let mut add = |addr: IpAddr, port_number: u16, kind: Kind| {
+                if !routable(addr) {
+                    out.unroutable += 1;
+                    return;
+                }
                 let frontend = Frontend { addr, port: port_number, protocol: port.protocol };
                 let (entry, cut) = sets.entry(service.clone(), kind, spec, max_backends);
                 out.truncated += usize::from(cut);

@@ -186,7 +186,7 @@ impl ServiceWriter {
         let Some(previous) = current else { return Ok(Settled::default()) };
         let kept: BTreeSet<SocketAddr> = backends.iter().copied().collect();
         let removed: Vec<SocketAddr> = self.bank(&previous)?.into_iter().filter(|b| !kept.contains(b)).collect();
-        settle::sockets_of_removed(&mut self.sockets, frontend, &removed)
+        settle::sockets_of_removed(&mut self.sockets, frontend, &removed, !backends.is_empty())
     }
 
     /// Removes `frontend` and its backend slots; its translated sockets are destroyed (there
@@ -200,7 +200,7 @@ impl ServiceWriter {
         for bank in 0..2 {
             self.clear_bank(service.id, bank, 0)?;
         }
-        settle::sockets_of_removed(&mut self.sockets, frontend, &backends).map(Some)
+        settle::sockets_of_removed(&mut self.sockets, frontend, &backends, false).map(Some)
     }
 
     /// Every Service in the maps, sorted by frontend.

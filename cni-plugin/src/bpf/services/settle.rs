@@ -46,10 +46,13 @@ pub struct Settled {
 
 type Sockets = HashMap<MapData, SocketKey, SocketService>;
 
+/// `reconnect`: whether connected UDP sockets may be connected again (a Service that stays, with
+/// other backends); a removed Service's are destroyed, as there is nothing to connect them to.
 pub fn sockets_of_removed(
     sockets: &mut Sockets,
     frontend: Frontend,
     removed: &[SocketAddr],
+    reconnect: bool,
 ) -> anyhow::Result<Settled> {
     let mut settled = Settled::default();
     if removed.is_empty() {
@@ -59,7 +62,7 @@ pub fn sockets_of_removed(
     for netns in namespaces() {
         let found = std::thread::scope(|scope| {
             scope
-                .spawn(|| settle_in(&netns, &mut *sockets, frontend, &removed))
+                .spawn(|| settle_in(&netns, &mut *sockets, frontend, &removed, reconnect))
                 .join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("settling sockets in {} panicked", netns.display())))
         });
@@ -81,6 +84,7 @@ fn settle_in(
     sockets: &mut Sockets,
     frontend: Frontend,
     removed: &BTreeSet<SocketAddr>,
+    may_reconnect: bool,
 ) -> anyhow::Result<Settled> {
     let ns = File::open(netns)?;
     setns(&ns, CloneFlags::CLONE_NEWNET).context("setns")?;
@@ -97,11 +101,12 @@ fn settle_in(
     let stuck: Vec<DiagSocket> =
         diag.dump(family, frontend.protocol.number())?.into_iter().filter(translated).collect();
     let mut settled = Settled::default();
-    let owners = if frontend.protocol == Protocol::Udp { owners(&stuck) } else { BTreeMap::new() };
+    let udp = frontend.protocol == Protocol::Udp && may_reconnect;
+    let owners = if udp { owners(&stuck) } else { BTreeMap::new() };
     for socket in &stuck {
         let key = SocketKey { cookie: socket.cookie, backend: backend_value(socket.peer), pad: 0 };
-        if frontend.protocol == Protocol::Udp && socket.state == ESTABLISHED {
-            match owners.get(&socket.inode).map(|&(pid, fd)| reconnect(pid, fd, frontend)) {
+        if udp && socket.state == ESTABLISHED {
+            match owners.get(&socket.inode).map(|&(pid, fd)| reconnect(pid, fd, socket.cookie, frontend)) {
                 Some(Ok(())) => {
                     settled.reconnected += 1;
                     let _ = sockets.remove(&key);
@@ -124,8 +129,11 @@ fn settle_in(
     Ok(settled)
 }
 
-/// Connects the socket `fd` of process `pid` to the frontend again (the connect hook picks).
-fn reconnect(pid: i32, fd: i32, frontend: Frontend) -> anyhow::Result<()> {
+/// Connects the socket `fd` of process `pid` to the frontend again (the connect hook picks),
+/// once the descriptor duplicated is known to be that very socket: between the scan of
+/// `/proc/<pid>/fd` and `pidfd_getfd` the process may have put another file at `fd` (a blocking
+/// TCP socket would hold this thread for minutes), or the pid may be another process's.
+fn reconnect(pid: i32, fd: i32, cookie: u64, frontend: Frontend) -> anyhow::Result<()> {
     // SAFETY: plain syscalls; each descriptor is owned once returned.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     anyhow::ensure!(pidfd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
@@ -133,11 +141,25 @@ fn reconnect(pid: i32, fd: i32, frontend: Frontend) -> anyhow::Result<()> {
     let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     anyhow::ensure!(dup >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
     let dup = unsafe { OwnedFd::from_raw_fd(dup as i32) };
+    let same = socket_option::<u64>(&dup, libc::SO_COOKIE) == Some(cookie)
+        && socket_option::<libc::c_int>(&dup, libc::SO_TYPE) == Some(libc::SOCK_DGRAM)
+        && socket_option::<libc::c_int>(&dup, libc::SO_PROTOCOL) == Some(libc::IPPROTO_UDP);
+    anyhow::ensure!(same, "descriptor {fd} of process {pid} is no longer that UDP socket");
     let (storage, len) = sockaddr(SocketAddr::new(frontend.ip, frontend.port));
     // SAFETY: a valid sockaddr of `len` bytes.
     let rc = unsafe { libc::connect(dup.as_raw_fd(), (&raw const storage).cast(), len) };
     anyhow::ensure!(rc == 0, "connect: {}", std::io::Error::last_os_error());
     Ok(())
+}
+
+/// A `SOL_SOCKET` option of `fd`, or `None` if it cannot be read (not a socket).
+fn socket_option<T: Default + Copy>(fd: &OwnedFd, option: libc::c_int) -> Option<T> {
+    let mut value = T::default();
+    let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: `value` is `len` writable bytes.
+    let rc =
+        unsafe { libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, option, (&raw mut value).cast(), &raw mut len) };
+    (rc == 0 && len as usize == size_of::<T>()).then_some(value)
 }
 
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
