@@ -136,6 +136,13 @@ pub fn run(args: Agent) -> Result<()> {
         });
     }
     let kube_proxy_replacement = kube_proxy_replacement(&args.node_conf);
+    if kube_proxy_replacement && args.source.in_cluster() {
+        log::warn!(
+            "kubeProxyReplacement with the in-cluster API address, a ClusterIP: without kube-proxy only this agent \
+             makes it reachable, so after a reboot it cannot list the Services it needs; give --api-server the API \
+             server's own address"
+        );
+    }
     if let Some(target) = args.source.target() {
         let mut feed = kube::Feed::new(target, interval)?;
         let (nodes, updates) = channel();

@@ -40,6 +40,13 @@ pub struct Source {
 }
 
 impl Source {
+    /// Whether the API server is reached in-cluster, by `KUBERNETES_SERVICE_HOST`: the
+    /// `kubernetes` Service's ClusterIP, which without kube-proxy only the agent itself makes
+    /// reachable.
+    pub fn in_cluster(&self) -> bool {
+        self.nodes_file.is_none() && self.api_server.is_none() && self.kubeconfig.is_none()
+    }
+
     /// The API server to watch; `None` when nodes come from a file.
     pub fn target(&self) -> Option<Target<'_>> {
         if self.nodes_file.is_some() {
