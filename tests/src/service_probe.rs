@@ -46,6 +46,22 @@ try:
             except socket.timeout: out(timeout=True)
             except OSError as e: out(error=e.errno)
             time.sleep(float(sys.argv[5]))
+    elif mode == "tcp-loop":
+        # A new connection a request, every argv[5] s, argv[4] times; a failed one is tried
+        # once more at once (what a client's retry would do), and fails only if that does too.
+        for _ in range(int(sys.argv[4])):
+            t, tries = time.monotonic(), 0
+            while True:
+                s = socket.socket(fam, socket.SOCK_STREAM); s.settimeout(1)
+                try:
+                    s.connect((host, port)); s.sendall(b"q"); r = s.recv(64).decode()
+                    if not r: raise OSError(0, "closed without a reply")
+                    out(t=t, reply=r, retries=tries); break
+                except OSError as e:
+                    tries += 1
+                    if tries > 1: out(t=t, error=e.errno, retries=tries); break
+                finally: s.close()
+            time.sleep(float(sys.argv[5]))
     elif mode == "udp-unconnected":
         s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(2); s.sendto(b"q", (host, port))
         d, a = s.recvfrom(64); out(source=fmt(a), reply=d.decode())
@@ -105,9 +121,14 @@ pub struct Tagged {
 
 impl Tagged {
     pub fn start(netns: &str, tag: &'static str) -> Self {
+        Self::on_ports(netns, tag, TCP_PORT, UDP_PORT)
+    }
+
+    /// Like [`Self::start`], on other ports (beside servers already on the usual ones).
+    pub fn on_ports(netns: &str, tag: &'static str, tcp_port: u16, udp_port: u16) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let tcp: TcpListener = in_netns(netns, || Ok(TcpListener::bind(("::", TCP_PORT))?)).unwrap();
-        let udp: UdpSocket = in_netns(netns, || Ok(UdpSocket::bind(("::", UDP_PORT))?)).unwrap();
+        let tcp: TcpListener = in_netns(netns, move || Ok(TcpListener::bind(("::", tcp_port))?)).unwrap();
+        let udp: UdpSocket = in_netns(netns, move || Ok(UdpSocket::bind(("::", udp_port))?)).unwrap();
         tcp.set_nonblocking(true).unwrap();
         udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
         let halt = stop.clone();
