@@ -209,6 +209,30 @@ impl Lan {
         self.runtimes[node].use_node_conf(path);
     }
 
+    /// Gives `node` a node file whose primary network serves Services itself
+    /// (`kubeProxyReplacement`), its programs in `cgroup` (the test's own, never the machine's
+    /// root), masquerading, with the cluster range(s) `cluster_cidr` (IPv4, then IPv6 after a
+    /// comma) and its pod CIDRs: its subnet and `pods6` for a dual-stack LAN. Returns its path.
+    pub fn use_kube_proxy_replacement(
+        &mut self,
+        node: usize,
+        cgroup: &crate::cgroup::TestCgroup,
+        cluster_cidr: &str,
+        pods6: Option<&str>,
+    ) -> std::path::PathBuf {
+        let tb = &self.nodes[node];
+        let path = tb.data_dir().with_file_name("node.json");
+        let pod_cidrs: Vec<&str> = std::iter::once(tb.subnet.as_str()).chain(pods6).collect();
+        let conf = json!({
+            "primaryNetwork": tb.network, "ipMasq": true, "clusterCIDR": cluster_cidr, "podCIDRs": pod_cidrs,
+            "bpffsRoot": tb.bpffs_root(), "ipamDataDir": tb.data_dir(),
+            "kubeProxyReplacement": true, "cgroupRoot": cgroup.path(),
+        });
+        std::fs::write(&path, conf.to_string()).expect("writing the node file");
+        self.use_node_conf(node, &path);
+        path
+    }
+
     /// DEL of pod number `pod` of `node` through the node's conflist.
     pub fn del_pod(&self, node: usize, pod: usize) -> Result<()> {
         self.runtimes[node].del(&self.lists[node], &self.nodes[node].sandbox(pod))

@@ -28,7 +28,6 @@ use ebpf_cni_tests::{
     traffic::in_netns,
 };
 use ebpf_common::{DropReason, ForwardPath, SVC_CLIENT_NEW_FLOWS, names};
-use serde_json::json;
 
 const TCP_PORT: u16 = 8080;
 const UDP_PORT: u16 = 5353;
@@ -184,20 +183,8 @@ fn nodeports_are_translated_per_packet() {
         return;
     };
     let cgroup = TestCgroup::create(&format!("{}-socket-lb", lan.nodes[0].run_id)).unwrap();
-    let tb = &lan.nodes[0];
-    let node_file = tb.data_dir().with_file_name("node.json");
-    let node = json!({
-        "primaryNetwork": tb.network,
-        "ipMasq": true,
-        "clusterCIDR": format!("10.197.0.0/16,{}", plan.cluster_cidr),
-        "podCIDRs": [tb.subnet, plan.subnets[0]],
-        "bpffsRoot": tb.bpffs_root(),
-        "ipamDataDir": tb.data_dir(),
-        "kubeProxyReplacement": true,
-        "cgroupRoot": cgroup.path(),
-    });
-    std::fs::write(&node_file, node.to_string()).unwrap();
-    lan.use_node_conf(0, &node_file);
+    let cluster = format!("10.197.0.0/16,{}", plan.cluster_cidr);
+    lan.use_kube_proxy_replacement(0, &cgroup, &cluster, Some(plan.subnets[0]));
     let (a, c) = (lan.add_pod(0).unwrap(), lan.add_pod(0).unwrap());
     let b = lan.add_pod(1).unwrap();
     let (_a, _b) = (Backend::start(&a.netns, "A"), Backend::start(&b.netns, "B"));

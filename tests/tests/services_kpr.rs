@@ -117,15 +117,7 @@ fn the_agent_serves_services_without_kube_proxy() {
         return;
     };
     let cgroup = TestCgroup::create(&format!("{}-kpr", lan.nodes[0].run_id)).unwrap();
-    let tb = &lan.nodes[0];
-    let node_file = tb.data_dir().with_file_name("node.json");
-    let node = json!({
-        "primaryNetwork": tb.network, "ipMasq": true, "clusterCIDR": CLUSTER_CIDR, "podCIDRs": [tb.subnet],
-        "bpffsRoot": tb.bpffs_root(), "ipamDataDir": tb.data_dir(),
-        "kubeProxyReplacement": true, "cgroupRoot": cgroup.path(),
-    });
-    std::fs::write(&node_file, node.to_string()).unwrap();
-    lan.use_node_conf(0, &node_file);
+    let node_file = lan.use_kube_proxy_replacement(0, &cgroup, CLUSTER_CIDR, None);
     let (client, a) = (lan.add_pod(0).unwrap(), lan.add_pod(0).unwrap());
     let b = lan.add_pod(1).unwrap();
     let (_a, _b) = (Tagged::start(&a.netns, "A"), Tagged::start(&b.netns, "B"));

@@ -162,19 +162,6 @@ fn services(stores: &[FakeStore], p: &Pods) {
     put(SLICES, &slices);
 }
 
-/// Node `i`'s node file: its primary network, Services by our own LB, programs in `cgroup`.
-fn node_file(lan: &Lan, i: usize, cgroup: &TestCgroup) -> std::path::PathBuf {
-    let tb = &lan.nodes[i];
-    let path = tb.data_dir().with_file_name("node.json");
-    let node = json!({
-        "primaryNetwork": tb.network, "ipMasq": true, "clusterCIDR": format!("{CLUSTER_CIDR},{}", PLAN.cluster_cidr),
-        "podCIDRs": [tb.subnet, PLAN.subnets[i]], "bpffsRoot": tb.bpffs_root(), "ipamDataDir": tb.data_dir(),
-        "kubeProxyReplacement": true, "cgroupRoot": cgroup.path(),
-    });
-    std::fs::write(&path, node.to_string()).unwrap();
-    path
-}
-
 fn start_agent(lan: &Lan, i: usize, node_file: &Path) -> RunningAgent {
     let args = ["--api-server", "http://127.0.0.1:6443", "--node-conf", node_file.to_str().unwrap(), "--interval", "1"];
     RunningAgent::start(&lan.nodes[i], &format!("node-{}", i + 1), &args).unwrap()
@@ -263,10 +250,8 @@ fn the_service_suite_with_our_own_service_lb() {
     let started = Instant::now();
     let run_id = lan.nodes[0].run_id.clone();
     let cgroups = [1, 2].map(|i| TestCgroup::create(&format!("{run_id}-own{i}")).unwrap());
-    let files = [0, 1].map(|i| node_file(&lan, i, &cgroups[i]));
-    for (i, file) in files.iter().enumerate() {
-        lan.use_node_conf(i, file);
-    }
+    let cluster = format!("{CLUSTER_CIDR},{}", PLAN.cluster_cidr);
+    let files = [0, 1].map(|i| lan.use_kube_proxy_replacement(i, &cgroups[i], &cluster, Some(PLAN.subnets[i])));
     let pods = Pods { a: lan.add_pod(0).unwrap(), b: lan.add_pod(0).unwrap(), c: lan.add_pod(1).unwrap() };
     let (a, b, c) = (&pods.a, &pods.b, &pods.c);
     let mut servers = Servers::default();

@@ -51,20 +51,8 @@ fn services_are_translated_at_connect_time() {
     };
     let cgroup = TestCgroup::create(&format!("{}-socket-lb", lan.nodes[0].run_id)).unwrap();
     // Node 1's node file: its primary network, Services by the socket LB in the test's cgroup.
-    let tb = &lan.nodes[0];
-    let node_file = tb.data_dir().with_file_name("node.json");
-    let node = json!({
-        "primaryNetwork": tb.network,
-        "ipMasq": true,
-        "clusterCIDR": format!("10.198.0.0/16,{}", plan.cluster_cidr),
-        "podCIDRs": [tb.subnet, plan.subnets[0]],
-        "bpffsRoot": tb.bpffs_root(),
-        "ipamDataDir": tb.data_dir(),
-        "kubeProxyReplacement": true,
-        "cgroupRoot": cgroup.path(),
-    });
-    std::fs::write(&node_file, node.to_string()).unwrap();
-    lan.use_node_conf(0, &node_file);
+    let cluster = format!("10.198.0.0/16,{}", plan.cluster_cidr);
+    lan.use_kube_proxy_replacement(0, &cgroup, &cluster, Some(plan.subnets[0]));
     let (client, a) = (lan.add_pod(0).unwrap(), lan.add_pod(0).unwrap());
     let b = lan.add_pod(1).unwrap();
     let (_a_servers, _b_servers) = (Tagged::start(&a.netns, "A"), Tagged::start(&b.netns, "B"));
