@@ -23,7 +23,7 @@ use serde_json::json;
 const SUBNETS: [&str; 2] = ["10.218.1.0/24", "10.218.2.0/24"];
 
 /// Every datapath family of a readable network (a counter's family name has no `_total`).
-const DATAPATH_FAMILIES: [(&str, &str); 12] = [
+const DATAPATH_FAMILIES: [(&str, &str); 13] = [
     ("ebpf_cni_up", "gauge"),
     ("ebpf_cni_drops", "counter"),
     ("ebpf_cni_dropped_bytes", "counter"),
@@ -36,6 +36,7 @@ const DATAPATH_FAMILIES: [(&str, &str); 12] = [
     ("ebpf_cni_nat_capacity_entries", "gauge"),
     ("ebpf_cni_datapath_layout_version", "gauge"),
     ("ebpf_cni_datapath_loaded_timestamp_seconds", "gauge"),
+    ("ebpf_cni_map_memory_bytes", "gauge"),
 ];
 
 const AGENT_FAMILIES: [(&str, &str); 4] = [

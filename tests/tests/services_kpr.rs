@@ -183,6 +183,11 @@ fn the_agent_serves_services_without_kube_proxy() {
     let frontends = prometheus::value(&families, "ebpf_cni_service_frontends", &[("network", net)]);
     // 2 Services × TCP and UDP ClusterIPs, and their 2 NodePorts (the key "any node address").
     assert_eq!(frontends, Some(6.0));
+    // And what the Service maps cost in kernel memory.
+    for map in ["SVC_FRONTENDS", "SVC_BACKENDS", "SVC_CT"] {
+        let bytes = prometheus::value(&families, "ebpf_cni_map_memory_bytes", &[("network", net), ("map", map)]);
+        assert!(bytes.unwrap_or(0.0) > 0.0, "{map}: {bytes:?}");
+    }
 
     // The agent restarted: the Services keep serving while it lists again, and after.
     drop(agent);

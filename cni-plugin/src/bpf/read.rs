@@ -70,6 +70,24 @@ pub fn count_entries<K: Pod, V: Pod>(pins: &Pins, name: &str) -> Result<usize> {
     Ok(map.keys().filter(Result::is_ok).count())
 }
 
+/// Each pinned map of the network and the kernel memory it holds (`memlock` of its fdinfo: for
+/// a preallocated map all of its entries, for the others what is allocated), by name.
+pub fn map_memory(pins: &Pins) -> Result<Vec<(String, u64)>> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let dir = pins.version_dir().join("maps");
+    let mut out = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(data) = MapData::from_pin(entry.path()) else { continue };
+        let fdinfo = format!("/proc/self/fdinfo/{}", data.fd().as_fd().as_raw_fd());
+        let text = fs::read_to_string(&fdinfo).with_context(|| format!("reading {fdinfo}"))?;
+        let bytes = text.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok());
+        out.push((name, bytes.unwrap_or(0)));
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Packets and bytes dropped per reason, summed over CPUs; every reason, in number order.
 pub fn drop_counters(pins: &Pins) -> Result<Vec<(DropReason, Counter)>> {
     let sums = per_cpu_sums(pins, names::METRICS, DropReason::ALL.map(|r| r as u32))?;

@@ -88,6 +88,7 @@ struct Figures {
     loaded_at: Option<u64>,
     layout_version: u32,
     services: Option<read::ServiceFigures>,
+    map_memory: Vec<(String, u64)>,
 }
 
 impl Figures {
@@ -100,6 +101,7 @@ impl Figures {
             loaded_at: read::loaded_at(pins)?,
             layout_version: pins.version(),
             services: read::service_figures(pins)?,
+            map_memory: read::map_memory(pins)?,
         })
     }
 
@@ -174,6 +176,15 @@ impl Figures {
         );
         if let Some(services) = &self.services {
             write_services(page, network, services);
+        }
+        for (map, bytes) in &self.map_memory {
+            page.gauge(
+                "ebpf_cni_map_memory_bytes",
+                "Kernel memory each pinned map holds (memlock: all entries of a preallocated map, what is \
+                 allocated of the others).",
+                &[("network", network), ("map", map.as_str())],
+                *bytes,
+            );
         }
         if let Some(at) = self.loaded_at {
             page.gauge(
