@@ -118,6 +118,10 @@ fn the_agent_serves_services_without_kube_proxy() {
     };
     let cgroup = TestCgroup::create(&format!("{}-kpr", lan.nodes[0].run_id)).unwrap();
     let node_file = lan.use_kube_proxy_replacement(0, &cgroup, CLUSTER_CIDR, None);
+    // Map sizes of the node file's own, taken at the load.
+    let mut conf: Value = serde_json::from_str(&std::fs::read_to_string(&node_file).unwrap()).unwrap();
+    conf["serviceMapEntries"] = json!({ "frontends": 4096, "backends": 16384, "connections": 8192 });
+    std::fs::write(&node_file, conf.to_string()).unwrap();
     let (client, a) = (lan.add_pod(0).unwrap(), lan.add_pod(0).unwrap());
     let b = lan.add_pod(1).unwrap();
     let (_a, _b) = (Tagged::start(&a.netns, "A"), Tagged::start(&b.netns, "B"));
@@ -133,6 +137,10 @@ fn the_agent_serves_services_without_kube_proxy() {
     store.put(SLICES, [slice("web-1", "web", &[&a])]);
     let agent = start_agent(&lan, &node_file);
     let first = wait_backends(&lan, &[&a], &agent);
+    for (map, size) in [("SVC_FRONTENDS", 4096), ("SVC_BACKENDS", 16384), ("SVC_CT", 8192)] {
+        let info = aya::maps::MapInfo::from_pin(lan.nodes[0].map_pin(map)).unwrap();
+        assert_eq!(info.max_entries(), size, "{map} not sized as the node file says");
+    }
     println!("first list -> datapath: {first:?}");
 
     // No kube-proxy: not one rule on node 1.

@@ -110,6 +110,9 @@ impl Datapath {
             let _hidden = kernel_btf::Hidden::unless_needed(OBJECT_NEEDS_KERNEL_BTF);
             EbpfLoader::new()
         };
+        for &(map, entries) in &settings.map_entries {
+            loader.map_max_entries(map, entries);
+        }
         let mut ebpf = loader
             .override_global(names::CONFIG, &settings.config, true)
             .override_global(aya_log::LEVEL, &settings.log_level, true)

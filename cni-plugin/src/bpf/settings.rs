@@ -30,6 +30,8 @@ pub struct Settings {
     /// The cgroup the socket LB's programs attach to (node file `kubeProxyReplacement`,
     /// `cgroupRoot`); None: Services are left to kube-proxy.
     pub socket_lb: Option<std::path::PathBuf>,
+    /// Maps sized other than the object says (`serviceMapEntries`), by name.
+    pub map_entries: Vec<(&'static str, u32)>,
 }
 
 impl Settings {
@@ -71,7 +73,8 @@ impl Settings {
         }
         let log_level = conf.ebpf_log_level()?;
         if !conf.masquerades() {
-            return Ok(Self { config, uplink: None, log_level, socket_lb: conf.socket_lb_cgroup.clone() });
+            let map_entries = conf.service_map_entries.clone();
+            return Ok(Self { config, uplink: None, log_level, socket_lb: conf.socket_lb_cgroup.clone(), map_entries });
         }
         let (uplink, index) = uplink(conf, node).await?;
         // Each family the pods have needs the node's address of that family.
@@ -109,7 +112,8 @@ impl Settings {
         config.pod_flows_per_minute = conf.masq_pod_flows_per_minute.unwrap_or(DEFAULT_MASQ_POD_FLOWS_PER_MINUTE);
         warn_if_not_forwarding();
         warn_if_ports_shared(&ports);
-        Ok(Self { config, uplink: Some(uplink), log_level, socket_lb: conf.socket_lb_cgroup.clone() })
+        let map_entries = conf.service_map_entries.clone();
+        Ok(Self { config, uplink: Some(uplink), log_level, socket_lb: conf.socket_lb_cgroup.clone(), map_entries })
     }
 }
 

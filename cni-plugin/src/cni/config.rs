@@ -92,6 +92,9 @@ pub struct NetConf {
     /// `kubeProxyReplacement`: the cgroup the socket LB's programs attach to (`cgroupRoot`).
     #[serde(skip)]
     pub socket_lb_cgroup: Option<PathBuf>,
+    /// The node file's `serviceMapEntries` for its primary network: Service maps sized at load.
+    #[serde(skip)]
+    pub service_map_entries: Vec<(&'static str, u32)>,
     /// GC: the attachments that are still in use; everything else of this network goes.
     #[serde(rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<AttachmentRef>>,

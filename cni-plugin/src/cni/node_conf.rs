@@ -88,6 +88,42 @@ pub struct NodeConf {
     /// Service connections translated. Unset: the node's cgroup2 mount.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cgroup_root: Option<PathBuf>,
+    /// The Service maps' sizes, for nodes of more Services than the defaults hold (each
+    /// documented in ebpf-common's `service.rs` and `service_ct.rs`); the primary network's,
+    /// taken at its next load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_map_entries: Option<ServiceMapEntries>,
+}
+
+/// Sizes of the Service maps; each unset one keeps its default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceMapEntries {
+    /// `SVC_FRONTENDS`: Service frontends (one per Service port, address and protocol).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frontends: Option<u32>,
+    /// `SVC_BACKENDS`: backend slots (two per backend of each frontend: the two banks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backends: Option<u32>,
+    /// `SVC_CT`: per-packet translated flows, both ways (NodePorts and external IPs from the LAN).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u32>,
+}
+
+impl ServiceMapEntries {
+    /// Smallest and largest size accepted: a map of fewer entries would refuse a small
+    /// cluster's Services, one of more costs gigabytes of kernel memory.
+    pub const RANGE: std::ops::RangeInclusive<u32> = 1_024..=16_777_216;
+
+    /// The maps to size, by name.
+    pub fn sizes(&self) -> Vec<(&'static str, u32)> {
+        let named = [
+            (ebpf_common::names::SVC_FRONTENDS, self.frontends),
+            (ebpf_common::names::SVC_BACKENDS, self.backends),
+            (ebpf_common::names::SVC_CT, self.connections),
+        ];
+        named.into_iter().filter_map(|(name, size)| Some((name, size?))).collect()
+    }
 }
 
 /// What a verb does with a configuration that changes a node-level setting.
@@ -152,6 +188,11 @@ impl NodeConf {
         if self.cgroup_root.as_ref().is_some_and(|f| !f.is_absolute()) {
             return invalid("cgroupRoot must be an absolute path");
         }
+        let sizes = self.service_map_entries.map(|e| e.sizes()).unwrap_or_default();
+        if let Some((map, size)) = sizes.iter().find(|(_, n)| !ServiceMapEntries::RANGE.contains(n)) {
+            let (min, max) = (ServiceMapEntries::RANGE.start(), ServiceMapEntries::RANGE.end());
+            return invalid(&format!("serviceMapEntries: {size} entries for {map} is out of {min}..={max}"));
+        }
         canonical_cluster_cidr(&self.cluster_cidr)?;
         canonical_ports(&self.masq_port_range)?;
         Ok(())
@@ -214,6 +255,7 @@ impl NodeConf {
                 refuse("ebpfLogLevel", quoted(w), n.map(quoted))
             })?;
             conf.socket_lb_cgroup = self.socket_lb_cgroup();
+            conf.service_map_entries = self.service_map_entries.map(|e| e.sizes()).unwrap_or_default();
         } else if conf.masquerades() {
             let primary = self.primary_network.as_ref().map_or_else(|| "none".into(), |p| format!("{p:?}"));
             let msg = format!(
