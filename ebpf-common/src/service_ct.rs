@@ -29,10 +29,15 @@ pub const SVC_CT_REPLY: u8 = 2;
 
 /// `SvcCtEntry::state`: opened by the client, nothing back from the backend yet.
 pub const SVC_CT_NEW: u8 = 1;
-/// The backend answered (a SYN-ACK, a UDP reply).
+/// The backend answered (a UDP reply; for TCP its SYN-ACK and then the client's ACK: a flood
+/// of SYNs from addresses that never answer the SYN-ACK stays in the short-lived states).
 pub const SVC_CT_ESTABLISHED: u8 = 2;
-/// A FIN or RST was seen either way.
+/// The backend sent its FIN or RST (the client's, from the LAN, may be forged and closes
+/// nothing: the backend answers a real one with its own).
 pub const SVC_CT_CLOSING: u8 = 3;
+/// TCP: the backend's SYN-ACK went out; the client has not acknowledged it yet. As short-lived
+/// as [`SVC_CT_NEW`].
+pub const SVC_CT_SYN_ACKED: u8 = 4;
 
 /// Lifetimes without a packet, by state. NEW is short: a SYN nobody answers (a flood from
 /// forged sources) frees its room in 10 s. ESTABLISHED TCP as kube-proxy's conntrack setting
@@ -75,7 +80,7 @@ pub struct SvcCtEntry {
     pub dst_port: u16,
     /// [`SVC_CT_FORWARD`] or [`SVC_CT_REPLY`].
     pub direction: u8,
-    /// [`SVC_CT_NEW`], [`SVC_CT_ESTABLISHED`] or [`SVC_CT_CLOSING`].
+    /// [`SVC_CT_NEW`], [`SVC_CT_SYN_ACKED`], [`SVC_CT_ESTABLISHED`] or [`SVC_CT_CLOSING`].
     pub state: u8,
     pub pad: [u8; 2],
     /// `bpf_ktime_get_ns` of this direction's last packet (written at most once a second).
@@ -104,7 +109,7 @@ pub struct SvcRejectBudget {
 #[inline(always)]
 pub const fn svc_ct_lifetime_ns(protocol: u8, state: u8) -> u64 {
     match state {
-        SVC_CT_NEW => SVC_CT_NEW_NS,
+        SVC_CT_NEW | SVC_CT_SYN_ACKED => SVC_CT_NEW_NS,
         SVC_CT_CLOSING => SVC_CT_CLOSING_NS,
         _ if protocol == 6 => SVC_CT_TCP_ESTABLISHED_NS,
         _ => SVC_CT_UDP_ESTABLISHED_NS,

@@ -153,9 +153,26 @@ fn node1_v6(port: u16) -> SocketAddr {
     SocketAddr::new(LAN_NODE_IPV6S[0].parse().unwrap(), port)
 }
 
+/// Node 1's uplink MAC: crafted frames from the LAN are addressed to it, as the node's own
+/// (the Service programs leave a frame for another host, or a broadcast, alone).
+static NODE1_MAC: std::sync::OnceLock<[u8; 6]> = std::sync::OnceLock::new();
+
+fn node1_mac() -> [u8; 6] {
+    *NODE1_MAC.get().expect("node 1's MAC is read first")
+}
+
+/// The MAC of `ifname` in namespace `netns`.
+fn mac_of(netns: &str, ifname: &str) -> [u8; 6] {
+    let out = run_in(netns, "ip", &["-j", "link", "show", ifname]).unwrap();
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = links[0]["address"].as_str().unwrap().to_string();
+    let bytes: Vec<u8> = text.split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+    bytes.try_into().unwrap()
+}
+
 /// A crafted frame from the LAN through node 1's `svc_from_uplink`.
 fn from_lan(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4: &[u8]) -> Vec<u8> {
-    with_checksums([ethernet([4; 6], [2; 6], ETH_IPV4), ipv4(src, dst, proto, l4)].concat())
+    with_checksums([ethernet(node1_mac(), [2; 6], ETH_IPV4), ipv4(src, dst, proto, l4)].concat())
 }
 
 /// The hairpin client: a pod's process in the socket LB's cgroup calling its own node's NodePort.
@@ -190,6 +207,7 @@ fn nodeports_are_translated_per_packet() {
     let (_a, _b) = (Backend::start(&a.netns, "A"), Backend::start(&b.netns, "B"));
     let host = lan.host.name.clone();
     let node1_ns = lan.nodes[0].node.name.clone();
+    let _ = NODE1_MAC.set(mac_of(&node1_ns, "eth0"));
 
     // No kube-proxy: not one rule in node 1's netfilter.
     let ruleset = run_in(&node1_ns, "nft", &["list", "ruleset"]).unwrap();
@@ -330,7 +348,7 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
     }
     let attacker6: Ipv6Addr = "fd00:192:0:2::77".parse().unwrap();
     let node6: Ipv6Addr = LAN_NODE_IPV6S[0].parse().unwrap();
-    let frame = [ethernet([4; 6], [2; 6], 0x86dd), ipv6(attacker6, node6, 6, &tcp(40_000, 30080, ACK))].concat();
+    let frame = [ethernet(node1_mac(), [2; 6], 0x86dd), ipv6(attacker6, node6, 6, &tcp(40_000, 30080, ACK))].concat();
     let out = expect(tb, names::SVC_FROM_UPLINK6, "eth0", "IPv6 ACK", frame.clone(), TC_ACT_UNSPEC, None);
     assert_eq!(out, frame, "an IPv6 ACK was rewritten");
     // A SYN from the LAN with a local pod's address: not translated (`from_uplink` drops it).
@@ -338,6 +356,16 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
     let out =
         expect(tb, names::SVC_FROM_UPLINK, "eth0", "SYN from a pod's address", frame.clone(), TC_ACT_UNSPEC, None);
     assert_eq!(out, frame, "a SYN with a local pod's source was translated");
+    // A broadcast frame (every node would translate it, each backend answering a forged source)
+    // and a SYN with the node's own address as source: neither translated, no state.
+    let mut broadcast = from_lan(attacker, node_ip, 6, &tcp(40_006, 30080, SYN));
+    broadcast[..6].copy_from_slice(&[0xff; 6]);
+    let out = expect(tb, names::SVC_FROM_UPLINK, "eth0", "broadcast SYN", broadcast.clone(), TC_ACT_UNSPEC, None);
+    assert_eq!(out, broadcast, "a broadcast frame was translated");
+    let own = from_lan(node_ip, node_ip, 6, &tcp(40_007, 30080, SYN));
+    let out =
+        expect(tb, names::SVC_FROM_UPLINK, "eth0", "SYN from the node's address", own.clone(), TC_ACT_UNSPEC, None);
+    assert_eq!(out, own, "a SYN with the node's own source was translated");
     assert_eq!(entries(), before, "a forged ACK/RST/FIN or a pod's source created state");
 
     // Replies that match no state are not translated: a local backend's packet to a client
@@ -362,7 +390,7 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
     );
     assert!(checksums_valid(&rst), "RST checksums");
     // A datagram shorter than its port unreachable would be gets none (no amplification).
-    let short = with_checksums([ethernet([4; 6], [2; 6], ETH_IPV4), ipv4_udp(attacker, node_ip, b"")].concat());
+    let short = with_checksums([ethernet(node1_mac(), [2; 6], ETH_IPV4), ipv4_udp(attacker, node_ip, b"")].concat());
     let mut short = short;
     short[36..38].copy_from_slice(&30091u16.to_be_bytes());
     let short = with_checksums(short);
@@ -376,7 +404,8 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
         Some(DropReason::ServiceRejectLimited),
     );
     // One long enough gets an ICMP port unreachable no longer than itself.
-    let mut long = with_checksums([ethernet([4; 6], [2; 6], ETH_IPV4), ipv4_udp(attacker, node_ip, PAYLOAD)].concat());
+    let mut long =
+        with_checksums([ethernet(node1_mac(), [2; 6], ETH_IPV4), ipv4_udp(attacker, node_ip, PAYLOAD)].concat());
     long[36..38].copy_from_slice(&30091u16.to_be_bytes());
     let long = with_checksums(long);
     let (verdict, icmp) = run(tb, names::SVC_FROM_UPLINK, "eth0", long.clone());
@@ -386,7 +415,7 @@ fn attacks(lan: &Lan, a: &LanPod, b: &LanPod) {
     assert!(checksums_valid(&icmp), "ICMP checksums");
 
     // The same for IPv6: a RST of 74 bytes, a port unreachable of 110 quoting the datagram.
-    let v6 = |l4: &[u8], proto: u8| [ethernet([4; 6], [2; 6], 0x86dd), ipv6(attacker6, node6, proto, l4)].concat();
+    let v6 = |l4: &[u8], proto: u8| [ethernet(node1_mac(), [2; 6], 0x86dd), ipv6(attacker6, node6, proto, l4)].concat();
     let syn6 = v6(&tcp(40_003, 30090, SYN), 6);
     let (verdict, rst6) = run(tb, names::SVC_FROM_UPLINK6, "eth0", syn6.clone());
     assert_eq!(verdict, TC_ACT_REDIRECT, "IPv6 SYN to no endpoint");

@@ -47,6 +47,9 @@ const VERIFY_ORDER: [&str; 12] = [
     names::TO_POD,
 ];
 
+/// Size of the Service LB's LRU maps on a network without it: a few pages each.
+const UNUSED_LRU_ENTRIES: u32 = 256;
+
 const MAPS: [&str; 21] = [
     names::ENDPOINTS,
     names::METRICS,
@@ -112,6 +115,13 @@ impl Datapath {
         };
         for &(map, entries) in &settings.map_entries {
             loader.map_max_entries(map, entries);
+        }
+        // Without the Service LB nothing uses its preallocated LRU maps (about 27 MiB at their
+        // sizes): every node would pay for them. They are pinned all the same, as the layout's.
+        if settings.socket_lb.is_none() {
+            for map in [names::SVC_CT, names::SVC_CLIENTS, names::SVC_AFFINITY, names::SVC_SOCKETS] {
+                loader.map_max_entries(map, UNUSED_LRU_ENTRIES);
+            }
         }
         let mut ebpf = loader
             .override_global(names::CONFIG, &settings.config, true)

@@ -62,7 +62,10 @@ pub fn translate<'a>(
             let family: Vec<&(Endpoint, u16)> = endpoints.iter().filter(|(e, _)| e.addr.is_ipv4() == v4).collect();
             let sets = Sets::of(&family, &node.name);
             let mut add = |addr: IpAddr, port_number: u16, kind: Kind| {
-                if !routable(addr) {
+                // An externalIP or LoadBalancer IP that is this node's own address would take
+                // the node's sockets' traffic from the LAN (sshd, the kubelet): never.
+                let node_own = matches!(kind, Kind::ExternalIp | Kind::LoadBalancer) && node.addrs.contains(&addr);
+                if !routable(addr) || node_own {
                     out.unroutable += 1;
                     return;
                 }

@@ -6,8 +6,8 @@ use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
 };
 use ebpf_common::{
-    FlowKey, SVC_CT_CLOSING, SVC_CT_ESTABLISHED, SVC_CT_FORWARD, SVC_CT_NEW, SVC_CT_REPLY, SvcCtEntry,
-    svc_ct_lifetime_ns,
+    FlowKey, SVC_CT_CLOSING, SVC_CT_ESTABLISHED, SVC_CT_FORWARD, SVC_CT_NEW, SVC_CT_REPLY, SVC_CT_SYN_ACKED,
+    SvcCtEntry, svc_ct_lifetime_ns,
 };
 
 use super::maps::SVC_CT;
@@ -52,9 +52,10 @@ pub fn other_way(entry: &SvcCtEntry, protocol: u8, family: u8) -> FlowKey {
     }
 }
 
-/// Notes a packet of a tracked flow: its time, and the state it moves the flow to. A reply
-/// (the backend's SYN-ACK, any UDP reply) establishes; a FIN or RST either way closes. Both
-/// entries get a new state, so both age by it.
+/// Notes a packet of a tracked flow: its time, and the state it moves the flow to. Any UDP reply
+/// establishes; for TCP the backend's SYN-ACK, then the client's ACK; the backend's FIN or RST
+/// closes (the client's comes from the LAN, where anyone can forge it). Both entries get a new
+/// state, so both age by it.
 #[inline(always)]
 pub fn seen(key: &FlowKey, entry: &SvcCtEntry, tcp_flags: u8) {
     // SAFETY: a helper any program may call.
@@ -74,14 +75,19 @@ pub fn seen(key: &FlowKey, entry: &SvcCtEntry, tcp_flags: u8) {
 #[inline(always)]
 fn next_state(entry: &SvcCtEntry, protocol: u8, tcp_flags: u8) -> u8 {
     let tcp = protocol == PROTO_TCP;
-    if tcp && tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-        return SVC_CT_CLOSING;
+    let from_backend = entry.direction == SVC_CT_REPLY;
+    if !tcp {
+        return if from_backend && entry.state == SVC_CT_NEW { SVC_CT_ESTABLISHED } else { entry.state };
     }
-    if entry.state != SVC_CT_NEW || entry.direction != SVC_CT_REPLY {
-        return entry.state;
+    if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        return if from_backend { SVC_CT_CLOSING } else { entry.state };
     }
-    let answers = !tcp || tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
-    if answers { SVC_CT_ESTABLISHED } else { entry.state }
+    let syn_ack = tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK;
+    match entry.state {
+        SVC_CT_NEW if from_backend && syn_ack => SVC_CT_SYN_ACKED,
+        SVC_CT_SYN_ACKED if !from_backend && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_ACK => SVC_CT_ESTABLISHED,
+        state => state,
+    }
 }
 
 #[inline(always)]

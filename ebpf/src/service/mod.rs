@@ -28,3 +28,14 @@ pub mod snat_port;
 pub mod translate;
 pub mod xlate;
 pub mod xlate6;
+
+/// Whether the frame was addressed to this host (`PACKET_HOST`): not a broadcast or multicast
+/// frame, nor one for another host's MAC (a promiscuous uplink). Every node holds the same
+/// external frontends; a broadcast to one would otherwise be translated by all of them, each
+/// backend answering a forged source. The kernel's forwarding refuses such frames too.
+#[inline(always)]
+pub fn for_this_host(ctx: &aya_ebpf::programs::TcContext) -> bool {
+    const PACKET_HOST: u32 = 0;
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    unsafe { (*ctx.skb.skb).pkt_type == PACKET_HOST }
+}

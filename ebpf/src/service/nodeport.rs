@@ -30,7 +30,7 @@ use crate::{
 };
 
 pub fn ingress(ctx: &TcContext) -> i32 {
-    if !flow::is_ipv4(ctx) {
+    if !flow::is_ipv4(ctx) || !super::for_this_host(ctx) {
         return packet::PASS;
     }
     let Ok(flow) = Flow::parse(ctx) else { return packet::PASS };
@@ -41,7 +41,12 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     let config = config::get();
     // A source of this node's pods (its subnet, a local endpoint) is forged here:
     // `from_uplink` drops it. The endpoint lookup only for cluster sources, as there.
+    // Nor is a client the node itself, "this network" (0/8), multicast, broadcast or class E:
+    // a backend must never take a packet from the LAN for one of the node's own.
     if config.in_node_pods(flow.src)
+        || flow.src == config.node_ipv4
+        || flow.src[0] == 0
+        || flow.src[0] >= 224
         || config.in_cluster(flow.src) && maps::ENDPOINTS.get_ptr(&IpKey::v4(flow.src)).is_some()
     {
         return packet::PASS;

@@ -19,7 +19,7 @@ use crate::{
 };
 
 pub fn ingress(ctx: &TcContext) -> i32 {
-    if !is_ipv6(ctx) {
+    if !is_ipv6(ctx) || !super::for_this_host(ctx) {
         return packet::PASS;
     }
     let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
@@ -31,7 +31,11 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     // Link-scope sources are no client of a Service; this node's pods' are forged (from_uplink6
     // drops them).
     let src = &key.src_addr;
+    // Nor the node itself, the unspecified address or multicast (ff00::/8).
     if ipv6::is_link_scope(src)
+        || *src == config.node_ipv6
+        || *src == [0; 16]
+        || src[0] == 0xff
         || config.in_node_pods6(src)
         || config.in_cluster6(src) && maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some()
     {
