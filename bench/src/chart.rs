@@ -19,6 +19,9 @@ fn colour(path: Path) -> &'static str {
         Path::Bridge => "#ea580c",
         Path::BareVeth => "#6b7280",
         Path::Loopback => "#c4c8ce",
+        Path::EbpfCniKubeProxy => "#93c5fd",
+        Path::BridgeNft => "#fdba74",
+        Path::OwnPodToPod => "#1e3a8a",
     }
 }
 
@@ -26,8 +29,8 @@ pub fn svg(title: &str, figures: &[Figure]) -> String {
     let mut body = String::new();
     let mut y = 60;
     for f in figures {
-        let paths: Vec<(Path, f64)> = Path::ALL.iter().filter_map(|p| Some((*p, f.median(*p)?))).collect();
-        let highest_round = Path::ALL.iter().filter_map(|p| Some(f.spread(*p)?.1));
+        let paths: Vec<(Path, f64)> = Path::EVERY.iter().filter_map(|p| Some((*p, f.median(*p)?))).collect();
+        let highest_round = Path::EVERY.iter().filter_map(|p| Some(f.spread(*p)?.1));
         let max = paths.iter().map(|(_, v)| *v).chain(highest_round).fold(0.0, f64::max);
         let height = paths.len() * (BAR_H + 2) + 14;
         let better = if f.better == Better::Higher { "higher is better" } else { "lower is better" };
@@ -64,12 +67,14 @@ pub fn svg(title: &str, figures: &[Figure]) -> String {
         y += height;
     }
     let mut legend = String::new();
-    for (i, path) in Path::ALL.iter().enumerate() {
-        let x = LABEL_W + i * 110;
+    // Only the paths this run measured, from the left edge: all seven fit the width there.
+    let measured = Path::EVERY.into_iter().filter(|p| figures.iter().any(|f| f.samples(*p).is_some()));
+    for (i, path) in measured.enumerate() {
+        let x = 8 + i * 120;
         let _ = write!(
             legend,
             r##"<rect x="{x}" y="30" width="12" height="12" fill="{}"/><text x="{}" y="40" font-size="11">{}</text>"##,
-            colour(*path),
+            colour(path),
             x + 16,
             path.name()
         );

@@ -4,6 +4,7 @@
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddrV4, TcpStream},
+    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -11,10 +12,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
-use ebpf_cni_tests::traffic::{in_netns, tcp_listener};
+use anyhow::{Context, Result, bail};
+use ebpf_cni_tests::{
+    cgroup::TestCgroup,
+    traffic::{in_netns, tcp_listener},
+};
 
-/// The server listens on `listen`; the client dials `dial` (the same address, or a Service's).
+/// The server listens on `listen`; the client dials `dial` (the same address, or a Service's)
+/// from a thread of the bench.
 pub fn per_second(
     client_ns: &str,
     server_ns: &str,
@@ -22,9 +27,70 @@ pub fn per_second(
     dial: SocketAddrV4,
     seconds: u32,
 ) -> Result<f64> {
+    let duration = Duration::from_secs(seconds.into());
+    serving(client_ns, server_ns, listen, dial, || in_netns(client_ns, move || connect_loop(dial, duration)))
+}
+
+/// [`per_second`] with the client a process of its own (the bench run again with
+/// `--conn-client`), started in `cgroup` when given: the socket LB translates only what its
+/// cgroup's processes connect. `seconds` 0: one connection, to check that one goes through.
+pub fn per_second_in_process(
+    client_ns: &str,
+    cgroup: Option<&TestCgroup>,
+    server_ns: &str,
+    listen: SocketAddrV4,
+    dial: SocketAddrV4,
+    seconds: u32,
+) -> Result<f64> {
+    // Woken through the server's own address: the bench itself is in no cgroup the socket LB
+    // translates for, so it could not reach the server through a ClusterIP.
+    serving(client_ns, server_ns, listen, listen, || {
+        let mut command = Command::new("nsenter");
+        command.arg(format!("--net=/run/netns/{client_ns}")).arg(std::env::current_exe()?);
+        command.args(["--conn-client", &dial.to_string(), "--seconds", &seconds.to_string()]);
+        if let Some(cgroup) = cgroup {
+            cgroup.confine(&mut command)?;
+        }
+        let out = command.output().context("starting the connection client")?;
+        if !out.status.success() {
+            bail!("connections to {dial}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        String::from_utf8(out.stdout)?.trim().parse().context("the connection client's rate")
+    })
+}
+
+/// What `bench --conn-client DIAL --seconds N` runs: the client's loop; prints the rate.
+pub fn client(dial: SocketAddrV4, seconds: u32) -> Result<()> {
+    println!("{}", connect_loop(dial, Duration::from_secs(seconds.into()))?);
+    Ok(())
+}
+
+/// Connections one at a time for `duration` (at least one); connections per second.
+fn connect_loop(dial: SocketAddrV4, duration: Duration) -> Result<f64> {
+    let started = Instant::now();
+    let mut connections = 0u64;
+    while connections == 0 || started.elapsed() < duration {
+        // A timeout only matters when nothing answers: a path that cannot connect says so.
+        let mut stream = TcpStream::connect_timeout(&dial.into(), Duration::from_secs(2))
+            .with_context(|| format!("connecting to {dial}"))?;
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).context("reading the server's byte")?;
+        connections += 1;
+    }
+    Ok(connections as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Runs `client` against a server on `listen` in `server_ns`; one connection to `wake` from
+/// `client_ns` afterwards ends the server.
+fn serving(
+    client_ns: &str,
+    server_ns: &str,
+    listen: SocketAddrV4,
+    wake: SocketAddrV4,
+    client: impl FnOnce() -> Result<f64>,
+) -> Result<f64> {
     crate::cpu::wait_idle()?;
     let listener = tcp_listener(server_ns, listen)?;
-    let server = dial;
     let stop = Arc::new(AtomicBool::new(false));
     let serving = {
         let stop = stop.clone();
@@ -39,21 +105,10 @@ pub fn per_second(
             }
         })
     };
-    let duration = Duration::from_secs(seconds.into());
-    let rate = in_netns(client_ns, move || {
-        let started = Instant::now();
-        let mut connections = 0u64;
-        while started.elapsed() < duration {
-            let mut stream = TcpStream::connect(server).context("connecting")?;
-            let mut reply = Vec::new();
-            stream.read_to_end(&mut reply).context("reading the server's byte")?;
-            connections += 1;
-        }
-        Ok(connections as f64 / started.elapsed().as_secs_f64())
-    });
+    let rate = client();
     // One more connection wakes the server so that it sees `stop`.
     stop.store(true, Ordering::Relaxed);
-    let woken = in_netns(client_ns, move || Ok(TcpStream::connect_timeout(&server.into(), Duration::from_secs(1))));
+    let woken = in_netns(client_ns, move || Ok(TcpStream::connect_timeout(&wake.into(), Duration::from_secs(1))));
     if matches!(woken, Ok(Ok(_))) {
         let _ = serving.join();
     }

@@ -70,7 +70,7 @@ fn run(pair: &Pair, seconds: u32, at: Placement, extra: &[String]) -> Result<Val
     let secs = seconds.to_string();
     let mut args: Vec<&str> = vec!["-c", &pair.dial_ip, "-t", &secs, "-J"];
     args.extend(extra.iter().map(String::as_str));
-    let client = || crate::proc::output_in(&pair.client_ns, at.client_cpu, "iperf3", &args);
+    let client = || crate::proc::output_confined(&pair.client_ns, pair.client_cgroup(), at.client_cpu, "iperf3", &args);
     let out = client().or_else(|_| {
         sleep(Duration::from_millis(500));
         client()

@@ -17,6 +17,8 @@ mod qperf;
 mod report;
 mod service;
 mod service_aftermath;
+mod service_set;
+mod service_sync;
 mod sockperf;
 mod stats;
 mod topology;
@@ -51,6 +53,10 @@ struct Cli {
     /// Build one pod → pod path, print its namespaces and keep it until Enter; measures nothing.
     #[arg(long, value_enum)]
     hold: Option<HoldPath>,
+    /// The connection-rate client, run by the bench itself in a client's namespace (and cgroup):
+    /// connects to this address for `--seconds`, prints connections per second.
+    #[arg(long, hide = true)]
+    conn_client: Option<std::net::SocketAddrV4>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -69,7 +75,8 @@ enum Section {
     Control,
     /// ADD and DEL with full NAT and FLOWS maps (ebpf-cni only).
     ControlFullMaps,
-    /// Pod → ClusterIP → pod through kube-proxy's rules.
+    /// Pod → ClusterIP → pod: ebpf-cni's own Service LB against kube-proxy's rules, at 1 and
+    /// 10,000 Services; an EndpointSlice change → datapath.
     Service,
     /// `from_pod`'s cost for a pod before, while and after it serves a Service (ebpf-cni only).
     ServiceAftermath,
@@ -96,6 +103,10 @@ pub struct Settings {
     pub pod_levels: Vec<usize>,
     /// Pods added and deleted per plugin, round and level.
     pub batch: usize,
+    /// The Service section's "many Services".
+    pub services: usize,
+    /// EndpointSlice changes timed per round.
+    pub service_changes: usize,
 }
 
 /// Errors as one line with their causes, without the backtrace anyhow's Debug form adds when
@@ -111,6 +122,9 @@ fn main() -> ExitCode {
 }
 
 fn run_bench(cli: Cli) -> Result<()> {
+    if let Some(dial) = cli.conn_client {
+        return conn_rate::client(dial, cli.seconds);
+    }
     if !is_root() {
         bail!("the benchmarks create network namespaces and load eBPF: run them as root");
     }
@@ -127,7 +141,16 @@ fn run_bench(cli: Cli) -> Result<()> {
         return hold::run(path, &ours);
     }
     let settings = if cli.smoke {
-        Settings { rounds: 1, seconds: 1, latency_seconds: 1, pod_levels: vec![0, 2, 4], batch: 2 }
+        // 500 Services: every code path of 10,000 at a fraction of the restore's time.
+        Settings {
+            rounds: 1,
+            seconds: 1,
+            latency_seconds: 1,
+            pod_levels: vec![0, 2, 4],
+            batch: 2,
+            services: 500,
+            service_changes: 5,
+        }
     } else {
         Settings {
             rounds: cli.rounds,
@@ -135,6 +158,8 @@ fn run_bench(cli: Cli) -> Result<()> {
             latency_seconds: 3,
             pod_levels: vec![0, 100, 500],
             batch: 10,
+            services: 10_000,
+            service_changes: 50,
         }
     };
     if !cli.smoke && cli.rounds < 5 {

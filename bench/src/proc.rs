@@ -1,7 +1,8 @@
 //! Helper processes of a benchmark (servers), killed by their PID when dropped.
 use std::process::{Child, Command, Stdio};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use ebpf_cni_tests::cgroup::TestCgroup;
 
 pub struct Background(Child);
 
@@ -34,14 +35,29 @@ impl Drop for Background {
 /// `program args…` in `netns` (pinned to `cpu` when given), its stdout and stderr together;
 /// fails when the program does.
 pub fn output_in(netns: &str, cpu: Option<usize>, program: &str, args: &[&str]) -> Result<String> {
-    let mut full: Vec<String> = Vec::new();
+    output_confined(netns, None, cpu, program, args)
+}
+
+/// [`output_in`], the process started in `cgroup` when given (a client the socket LB translates).
+pub fn output_confined(
+    netns: &str,
+    cgroup: Option<&TestCgroup>,
+    cpu: Option<usize>,
+    program: &str,
+    args: &[&str],
+) -> Result<String> {
+    let mut command = Command::new("nsenter");
+    command.arg(format!("--net=/run/netns/{netns}"));
     if let Some(cpu) = cpu {
-        full.extend(["taskset".into(), "-c".into(), cpu.to_string()]);
+        command.args(["taskset", "-c", &cpu.to_string()]);
     }
-    full.push(program.into());
-    full.extend(args.iter().map(|a| a.to_string()));
-    let (first, rest) = full.split_first().expect("a program");
-    let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
-    let out = ebpf_cni_tests::run_in(netns, first, &rest)?;
+    command.arg(program).args(args);
+    if let Some(cgroup) = cgroup {
+        cgroup.confine(&mut command)?;
+    }
+    let out = command.output().with_context(|| format!("spawning {program} in {netns}"))?;
+    if !out.status.success() {
+        bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
     Ok(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }

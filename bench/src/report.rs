@@ -121,43 +121,75 @@ impl Figure {
     }
 }
 
-/// The Markdown table: one row per figure; every cell is "median (min–max over rounds)".
+/// The Markdown table: one row per figure; every cell is "median (min–max over rounds)". The
+/// pod → pod paths are columns of every table; a section measuring other paths (the Service
+/// section's) gets them as more columns, and its own header when the columns change.
 pub fn table(figures: &[Figure]) -> String {
     let mut out = String::new();
-    out.push_str("| section | figure | unit | ebpf-cni | bridge | bare veth | loopback | ÷ bridge | ÷ bare veth | target | met |\n");
-    out.push_str("|---|---|---|--:|--:|--:|--:|--:|--:|---|---|\n");
+    let mut header: Option<Vec<Path>> = None;
     for f in figures {
-        let cell = |p: Path| match (f.median(p), f.spread(p)) {
-            (Some(m), Some((lo, hi))) if lo < hi => format!("{} ({}–{})", number(m), number(lo), number(hi)),
-            (Some(m), _) => number(m),
-            (None, _) => "–".into(),
-        };
-        let ratio = |p: Path| match (f.ratio(p), f.ratio_spread(p)) {
-            (Some(r), Some((lo, hi))) if lo < hi => format!("{r:.2}× ({lo:.2}–{hi:.2})"),
-            (Some(r), _) => format!("{r:.2}×"),
-            (None, _) => "–".into(),
-        };
-        let met = match f.met() {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "",
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {met} |",
-            f.section,
-            f.name,
-            f.unit,
-            cell(Path::EbpfCni),
-            cell(Path::Bridge),
-            cell(Path::BareVeth),
-            cell(Path::Loopback),
-            ratio(Path::Bridge),
-            ratio(Path::BareVeth),
-            f.target_text(),
-        );
+        let paths = columns(figures, f.section);
+        if header.as_ref() != Some(&paths) {
+            if header.is_some() {
+                out.push('\n');
+            }
+            head(&mut out, &paths);
+            header = Some(paths.clone());
+        }
+        row(&mut out, f, &paths);
     }
     out
+}
+
+/// The columns of `section`'s figures: the pod → pod paths, then others any of them measured.
+fn columns(figures: &[Figure], section: &str) -> Vec<Path> {
+    let measured = |p: Path| figures.iter().any(|f| f.section == section && f.samples(p).is_some());
+    let extra = Path::EVERY.into_iter().filter(|p| !Path::ALL.contains(p) && measured(*p));
+    Path::ALL.into_iter().chain(extra).collect()
+}
+
+/// The paths ebpf-cni is divided by: bridge and the bare veth always, and the extra ones.
+fn ratio_columns(paths: &[Path]) -> impl Iterator<Item = Path> + '_ {
+    paths.iter().copied().filter(|p| !matches!(p, Path::EbpfCni | Path::Loopback))
+}
+
+fn head(out: &mut String, paths: &[Path]) {
+    let names: Vec<&str> = paths.iter().map(|p| p.name()).collect();
+    let ratios: Vec<String> = ratio_columns(paths).map(|p| format!("÷ {}", p.name())).collect();
+    let _ =
+        writeln!(out, "| section | figure | unit | {} | {} | target | met |", names.join(" | "), ratios.join(" | "));
+    let cells = paths.len() + ratios.len();
+    let _ = writeln!(out, "|---|---|---|{}---|---|", "--:|".repeat(cells));
+}
+
+fn row(out: &mut String, f: &Figure, paths: &[Path]) {
+    let cell = |p: Path| match (f.median(p), f.spread(p)) {
+        (Some(m), Some((lo, hi))) if lo < hi => format!("{} ({}–{})", number(m), number(lo), number(hi)),
+        (Some(m), _) => number(m),
+        (None, _) => "–".into(),
+    };
+    let ratio = |p: Path| match (f.ratio(p), f.ratio_spread(p)) {
+        (Some(r), Some((lo, hi))) if lo < hi => format!("{r:.2}× ({lo:.2}–{hi:.2})"),
+        (Some(r), _) => format!("{r:.2}×"),
+        (None, _) => "–".into(),
+    };
+    let met = match f.met() {
+        Some(true) => "yes",
+        Some(false) => "**no**",
+        None => "",
+    };
+    let cells: Vec<String> = paths.iter().map(|p| cell(*p)).collect();
+    let ratios: Vec<String> = ratio_columns(paths).map(ratio).collect();
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {} | {} | {} | {met} |",
+        f.section,
+        f.name,
+        f.unit,
+        cells.join(" | "),
+        ratios.join(" | "),
+        f.target_text()
+    );
 }
 
 fn find(values: &[(Path, Samples)], path: Path) -> Option<&Samples> {
@@ -201,6 +233,23 @@ mod tests {
         // ratio of the medians 10/10, per-round ratios 0.90, 1.00, 1.09
         assert!(row.contains("| 1.00× (0.90–1.09) |"), "{row}");
         assert!(row.contains("| yes |"), "{row}");
+        assert!(row.starts_with(
+            "| section | figure | unit | ebpf-cni | bridge | bare veth | loopback | ÷ bridge | ÷ bare veth |"
+        ));
+    }
+
+    #[test]
+    fn a_section_with_more_paths_gets_their_columns_and_its_own_header() {
+        let mut service = Figure::new("svc", "f", "u", Better::Lower).target(Some(Path::OwnPodToPod), 1.02);
+        service.record(Path::EbpfCni, 10.1);
+        service.record(Path::OwnPodToPod, 10.0);
+        let text = table(&[figure(), service]);
+        let heads: Vec<&str> = text.lines().filter(|l| l.starts_with("| section")).collect();
+        assert_eq!(heads.len(), 2, "{text}");
+        assert!(
+            heads[1].ends_with("| ebpf-cni pod → pod | ÷ bridge | ÷ bare veth | ÷ ebpf-cni pod → pod | target | met |")
+        );
+        assert!(text.lines().last().unwrap().contains("| 1.01× | ≤ 1.02× ebpf-cni pod → pod | yes |"), "{text}");
     }
 
     #[test]

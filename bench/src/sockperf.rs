@@ -35,7 +35,7 @@ pub fn ping_pong(pair: &Pair, protocol: Protocol, seconds: u32, cpu: usize) -> R
     let secs = seconds.to_string();
     let mut client = vec!["pp", "-i", &pair.dial_ip, "-p", &port, "-t", &secs, "--full-rtt"];
     client.extend(tcp);
-    let out = crate::proc::output_in(&pair.client_ns, Some(cpu), "sockperf", &client)?;
+    let out = crate::proc::output_confined(&pair.client_ns, pair.client_cgroup(), Some(cpu), "sockperf", &client)?;
     Ok(Latency { p50_us: percentile(&out, "50.000")?, p99_us: percentile(&out, "99.000")? })
 }
 

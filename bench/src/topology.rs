@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, ensure};
-use ebpf_cni_tests::{NetnsGuard, Plugin, Testbed, run_in};
+use ebpf_cni_tests::{NetnsGuard, Plugin, Testbed, cgroup::TestCgroup, run_in};
 use serde_json::{Value, json};
 
 /// Every path runs at this MTU (the veth default), so none wins by packet size.
@@ -24,17 +24,36 @@ pub enum Family {
 
 static BUILT: AtomicU32 = AtomicU32::new(0);
 
+/// A column of the results. The last three exist in the Service section only, where `EbpfCni`
+/// is ebpf-cni's own Service LB and `Bridge` is bridge with kube-proxy's iptables rules.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Path {
     EbpfCni,
     Bridge,
     BareVeth,
     Loopback,
+    /// ebpf-cni with kube-proxy's iptables rules (no socket LB).
+    EbpfCniKubeProxy,
+    /// bridge with kube-proxy's nftables rules.
+    BridgeNft,
+    /// ebpf-cni pod → pod on the same node as its ClusterIP figure: what a Service may cost.
+    OwnPodToPod,
 }
 
 impl Path {
+    /// The pod → pod paths.
     pub const ALL: [Self; 4] = [Self::EbpfCni, Self::Bridge, Self::BareVeth, Self::Loopback];
     pub const PLUGINS: [Self; 2] = [Self::EbpfCni, Self::Bridge];
+    /// Every column, in the tables' order.
+    pub const EVERY: [Self; 7] = [
+        Self::EbpfCni,
+        Self::Bridge,
+        Self::BareVeth,
+        Self::Loopback,
+        Self::EbpfCniKubeProxy,
+        Self::BridgeNft,
+        Self::OwnPodToPod,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -42,12 +61,24 @@ impl Path {
             Self::Bridge => "bridge",
             Self::BareVeth => "bare veth",
             Self::Loopback => "loopback",
+            Self::EbpfCniKubeProxy => "ebpf-cni + kube-proxy",
+            Self::BridgeNft => "bridge + nftables",
+            Self::OwnPodToPod => "ebpf-cni pod → pod",
+        }
+    }
+
+    /// The plugin whose pods a path runs between.
+    pub fn base(self) -> Self {
+        match self {
+            Self::Bridge | Self::BridgeNft => Self::Bridge,
+            Self::EbpfCni | Self::EbpfCniKubeProxy | Self::OwnPodToPod => Self::EbpfCni,
+            other => other,
         }
     }
 
     /// The plugin binary of a CNI path.
     pub fn plugin(self, ours: &Plugin) -> Plugin {
-        match self {
+        match self.base() {
             Self::Bridge => Plugin { binary: "/usr/lib/cni/bridge".into() },
             _ => ours.clone(),
         }
@@ -57,7 +88,7 @@ impl Path {
     /// node operator sets it up (gateway and pods' default route on the bridge, ipMasq, the
     /// same host-local pool); both at [`MTU`]. For IPv6 both get the same dual-stack pool.
     pub fn conf(self, tb: &Testbed, family: Family) -> Value {
-        let mut conf = match self {
+        let mut conf = match self.base() {
             Self::Bridge => json!({
                 "cniVersion": "1.0.0",
                 "name": tb.network,
@@ -88,6 +119,9 @@ pub struct Pair {
     /// Where clients connect: the server's own address, or a Service's that leads to it.
     pub dial_ip: String,
     keep: Keep,
+    /// Where the clients run, when the socket LB must translate their connections; after
+    /// `keep`, so that the node goes (its programs detached) before the cgroup is removed.
+    cgroup: Option<TestCgroup>,
 }
 
 /// What the pair holds, removed when it is dropped.
@@ -111,6 +145,7 @@ impl Pair {
             server_ip: server_ip.into(),
             dial_ip: server_ip.into(),
             keep: Keep::Borrowed,
+            cgroup: None,
         }
     }
 
@@ -118,6 +153,11 @@ impl Pair {
     pub fn dialling(mut self, ip: &str) -> Self {
         self.dial_ip = ip.into();
         self
+    }
+
+    /// The cgroup clients must start in (see [`build_socket_lb`]).
+    pub fn client_cgroup(&self) -> Option<&TestCgroup> {
+        self.cgroup.as_ref()
     }
 
     /// The node the two pods are on, for a pair built by a CNI plugin.
@@ -143,7 +183,6 @@ pub fn unique(tag: &str) -> String {
 
 pub fn build(path: Path, ours: &Plugin, family: Family) -> Result<Pair> {
     match path {
-        Path::EbpfCni | Path::Bridge => pods(path, ours, family),
         Path::BareVeth => bare_veth(family),
         Path::Loopback => {
             let ns = NetnsGuard::create(&unique("lo"))?;
@@ -155,20 +194,38 @@ pub fn build(path: Path, ours: &Plugin, family: Family) -> Result<Pair> {
                 server_ip: ip.into(),
                 dial_ip: ip.into(),
                 keep: Keep::Namespaces { _namespaces: vec![ns] },
+                cgroup: None,
             })
         }
+        _ => pods(path, ours, family, None),
     }
 }
 
-/// Two pods on a fresh node, attached by the path's plugin; the second one serves.
-fn pods(path: Path, ours: &Plugin, family: Family) -> Result<Pair> {
-    let tag = if path == Path::EbpfCni { "bpe" } else { "bpb" };
+/// Two ebpf-cni pods on a node whose node file turns `kubeProxyReplacement` on, its socket
+/// LB's programs attached to a cgroup of this run's own (never the machine's root cgroup), in
+/// which [`Pair::client_cgroup`] clients start. No Service yet: write them with `service-set`.
+pub fn build_socket_lb(ours: &Plugin) -> Result<Pair> {
+    let cgroup = TestCgroup::create(&unique("slb"))?;
+    let mut pair = pods(Path::EbpfCni, ours, Family::V4, Some(&cgroup))?;
+    pair.cgroup = Some(cgroup);
+    Ok(pair)
+}
+
+/// Two pods on a fresh node, attached by the path's plugin; the second one serves. With
+/// `socket_lb`, the node file turns the socket LB on, attached to that cgroup.
+fn pods(path: Path, ours: &Plugin, family: Family, socket_lb: Option<&TestCgroup>) -> Result<Pair> {
+    let tag = if path.base() == Path::EbpfCni { "bpe" } else { "bpb" };
     let mut tb = Testbed::with_plugin(tag, "10.242.0.0/24", path.plugin(ours))?;
     let conf = path.conf(&tb, family);
+    let node_file = match socket_lb {
+        Some(cgroup) => Some(node_file(&tb, cgroup)?),
+        None => None,
+    };
+    let env: Vec<(&str, &str)> = node_file.iter().map(|f| ("EBPF_CNI_NODE_CONF", f.as_str())).collect();
     let mut ips = Vec::new();
     for _ in 0..2 {
         let pod = tb.new_pod()?;
-        let out = tb.cni("ADD", pod, &conf)?;
+        let out = tb.cni_env("ADD", pod, &conf, &tb.pods[pod].netns_path(), &env)?;
         ensure!(out.success, "{} ADD failed: {}", path.name(), out.stdout);
         let result = out.json();
         let address = result["ips"]
@@ -194,7 +251,24 @@ fn pods(path: Path, ours: &Plugin, family: Family) -> Result<Pair> {
         server_ip: ips[1].clone(),
         dial_ip: ips[1].clone(),
         keep: Keep::Node { node: Box::new(tb) },
+        cgroup: None,
     })
+}
+
+/// The node file of a node whose primary network (the testbed's) serves Services itself, its
+/// socket LB attached to `cgroup`; its path. No `ipMasq`: the bench's nodes have no uplink.
+pub fn node_file(tb: &Testbed, cgroup: &TestCgroup) -> Result<String> {
+    let path = tb.data_dir().with_file_name("node.json");
+    let node = json!({
+        "primaryNetwork": tb.network,
+        "podCIDRs": [tb.subnet],
+        "bpffsRoot": tb.bpffs_root(),
+        "ipamDataDir": tb.data_dir(),
+        "kubeProxyReplacement": true,
+        "cgroupRoot": cgroup.path(),
+    });
+    std::fs::write(&path, node.to_string())?;
+    Ok(path.to_string_lossy().into_owned())
 }
 
 /// Two namespaces and one veth pair between them, nothing else.
@@ -218,6 +292,7 @@ fn bare_veth(family: Family) -> Result<Pair> {
         server_ip: server.into(),
         dial_ip: server.into(),
         keep: Keep::Namespaces { _namespaces: vec![a, b] },
+        cgroup: None,
     })
 }
 
