@@ -25,7 +25,6 @@ use crate::{
 
 const IP: usize = 14;
 const L4: usize = 34;
-const TCP_CSUM: usize = L4 + 16;
 const RST_LEN: u32 = 54;
 const ICMP_LEN: u32 = 70;
 const TTL: u8 = 64;
@@ -98,13 +97,27 @@ fn rst(ctx: &TcContext) -> Built {
     if header < 20 || usize::from(total) != 20 + header {
         return Err(-1);
     }
+    tcp_to_rst(ctx, L4, &tcp, total - 20)?;
+    reverse_ip(ctx, &ip, 40, PROTO_TCP)?;
+    cut(ctx, RST_LEN)?;
+    Ok(())
+}
+
+/// Turns the SYN `tcp` (its first 20 bytes) at `l4`, a segment of `segment` bytes, into its
+/// RST in place: ports swapped, sequence 0, acknowledging the SYN, no options; its checksum
+/// moved by incremental updates only, so it holds for an offloaded (CHECKSUM_PARTIAL) SYN too.
+/// Both families' (`reject6.rs`); the caller rewrites the IP header and cuts the frame.
+#[inline(always)]
+pub(super) fn tcp_to_rst(ctx: &TcContext, l4: usize, tcp: &[u8; 20], segment: u16) -> Built {
+    let csum = l4 + 16;
+    let header = usize::from(tcp[12] >> 4) * 4;
     // The options leave the sum (a no-op on a CHECKSUM_PARTIAL skb, where the device sums).
     for i in 0..10usize {
         if 20 + i * 4 >= header {
             break;
         }
-        let word: u32 = ctx.load(L4 + 20 + i * 4)?;
-        ctx.l4_csum_replace(TCP_CSUM, u64::from(word), 0, 4)?;
+        let word: u32 = ctx.load(l4 + 20 + i * 4)?;
+        ctx.l4_csum_replace(csum, u64::from(word), 0, 4)?;
     }
     let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
     let ack = seq.wrapping_add(1).to_be_bytes();
@@ -120,19 +133,17 @@ fn rst(ctx: &TcContext) -> Built {
         let at = w * 4;
         let old = u32::from_ne_bytes([tcp[at], tcp[at + 1], tcp[at + 2], tcp[at + 3]]);
         let new = u32::from_ne_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
-        ctx.l4_csum_replace(TCP_CSUM, u64::from(old), u64::from(new), 4)?;
+        ctx.l4_csum_replace(csum, u64::from(old), u64::from(new), 4)?;
     }
-    ctx.l4_csum_replace(TCP_CSUM, u64::from(u16::from_ne_bytes([tcp[18], tcp[19]])), 0, 2)?;
-    // The pseudo-header's TCP length.
-    let (old_len, new_len) = ((total - 20).to_be(), 20u16.to_be());
-    ctx.l4_csum_replace(TCP_CSUM, u64::from(old_len), u64::from(new_len), u64::from(BPF_F_PSEUDO_HDR) | 2)?;
-    ctx.store(L4, &[head[0], head[1], head[2], head[3]], 0)?;
-    ctx.store(L4 + 4, &[0u8; 4], 0)?;
-    ctx.store(L4 + 8, &ack, 0)?;
-    ctx.store(L4 + 12, &[head[12], head[13], 0, 0], 0)?;
-    ctx.store(L4 + 18, &[0u8; 2], 0)?;
-    reverse_ip(ctx, &ip, 40, PROTO_TCP)?;
-    cut(ctx, RST_LEN)?;
+    ctx.l4_csum_replace(csum, u64::from(u16::from_ne_bytes([tcp[18], tcp[19]])), 0, 2)?;
+    // The pseudo-header's TCP (upper-layer) length; its high half is zero both ways.
+    let (old_len, new_len) = (segment.to_be(), 20u16.to_be());
+    ctx.l4_csum_replace(csum, u64::from(old_len), u64::from(new_len), u64::from(BPF_F_PSEUDO_HDR) | 2)?;
+    ctx.store(l4, &[head[0], head[1], head[2], head[3]], 0)?;
+    ctx.store(l4 + 4, &[0u8; 4], 0)?;
+    ctx.store(l4 + 8, &ack, 0)?;
+    ctx.store(l4 + 12, &[head[12], head[13], 0, 0], 0)?;
+    ctx.store(l4 + 18, &[0u8; 2], 0)?;
     Ok(())
 }
 

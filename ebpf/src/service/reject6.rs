@@ -7,18 +7,17 @@
 //! unused bytes 6–7): those bytes hold the pseudo-header's sum, which makes the complete
 //! checksum valid as it is and makes a device's sum write that same value again.
 use aya_ebpf::{
-    bindings::{BPF_F_PSEUDO_HDR, TC_ACT_REDIRECT},
+    bindings::TC_ACT_REDIRECT,
     helpers::{bpf_redirect, bpf_skb_load_bytes},
     programs::TcContext,
 };
 use ebpf_common::DropReason;
 
-use super::reject::{Built, budget, cut, swap_macs};
+use super::reject::{Built, budget, cut, swap_macs, tcp_to_rst};
 use crate::{flow::PROTO_TCP, maps, packet};
 
 const IP: usize = 14;
 const L4: usize = 54;
-const TCP_CSUM: usize = L4 + 16;
 const RST_LEN: u32 = 74;
 const ICMP_LEN: u32 = 110;
 const HOP_LIMIT: u8 = 64;
@@ -59,36 +58,7 @@ fn rst(ctx: &TcContext) -> Built {
     if header < 20 || usize::from(payload) != header {
         return Err(-1);
     }
-    for i in 0..10usize {
-        if 20 + i * 4 >= header {
-            break;
-        }
-        let word: u32 = ctx.load(L4 + 20 + i * 4)?;
-        ctx.l4_csum_replace(TCP_CSUM, u64::from(word), 0, 4)?;
-    }
-    let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
-    let ack = seq.wrapping_add(1).to_be_bytes();
-    let mut head = [0u8; 20];
-    head[0..2].copy_from_slice(&tcp[2..4]);
-    head[2..4].copy_from_slice(&tcp[0..2]);
-    head[8..12].copy_from_slice(&ack);
-    head[12] = 0x50;
-    head[13] = 0x14; // RST, ACK
-    for w in 1..4usize {
-        let at = w * 4;
-        let old = u32::from_ne_bytes([tcp[at], tcp[at + 1], tcp[at + 2], tcp[at + 3]]);
-        let new = u32::from_ne_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
-        ctx.l4_csum_replace(TCP_CSUM, u64::from(old), u64::from(new), 4)?;
-    }
-    ctx.l4_csum_replace(TCP_CSUM, u64::from(u16::from_ne_bytes([tcp[18], tcp[19]])), 0, 2)?;
-    // The pseudo-header's upper-layer length (its high half is zero both ways).
-    let (old_len, new_len) = (payload.to_be(), 20u16.to_be());
-    ctx.l4_csum_replace(TCP_CSUM, u64::from(old_len), u64::from(new_len), u64::from(BPF_F_PSEUDO_HDR) | 2)?;
-    ctx.store(L4, &[head[0], head[1], head[2], head[3]], 0)?;
-    ctx.store(L4 + 4, &[0u8; 4], 0)?;
-    ctx.store(L4 + 8, &ack, 0)?;
-    ctx.store(L4 + 12, &[head[12], head[13], 0, 0], 0)?;
-    ctx.store(L4 + 18, &[0u8; 2], 0)?;
+    tcp_to_rst(ctx, L4, &tcp, payload)?;
     reverse_ip(ctx, 20, PROTO_TCP)?;
     cut(ctx, RST_LEN)
 }
