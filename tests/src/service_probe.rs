@@ -126,6 +126,20 @@ impl Tagged {
 
     /// Like [`Self::start`], on other ports (beside servers already on the usual ones).
     pub fn on_ports(netns: &str, tag: &'static str, tcp_port: u16, udp_port: u16) -> Self {
+        Self::serve(netns, tag, tcp_port, udp_port, false)
+    }
+
+    /// Like [`Self::start`], answering `<tag> <the client's address as seen>`: which backend,
+    /// and whether the client's source was kept or translated on the way.
+    pub fn naming_peers(netns: &str, tag: &'static str) -> Self {
+        Self::serve(netns, tag, TCP_PORT, UDP_PORT, true)
+    }
+
+    fn serve(netns: &str, tag: &'static str, tcp_port: u16, udp_port: u16, name_peer: bool) -> Self {
+        // An IPv4 peer of the dual-stack sockets shows as itself (`to_canonical`).
+        let answer = move |peer: std::net::SocketAddr| {
+            if name_peer { format!("{tag} {}", peer.ip().to_canonical()) } else { tag.to_string() }
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let tcp: TcpListener = in_netns(netns, move || Ok(TcpListener::bind(("::", tcp_port))?)).unwrap();
         let udp: UdpSocket = in_netns(netns, move || Ok(UdpSocket::bind(("::", udp_port))?)).unwrap();
@@ -135,11 +149,11 @@ impl Tagged {
         std::thread::spawn(move || {
             while !halt.load(Ordering::Relaxed) {
                 match tcp.accept() {
-                    Ok((mut stream, _)) => drop(std::thread::spawn(move || {
+                    Ok((mut stream, peer)) => drop(std::thread::spawn(move || {
                         let _ = stream.set_nonblocking(false);
                         let mut buf = [0u8; 64];
                         while matches!(stream.read(&mut buf), Ok(n) if n > 0) {
-                            let _ = stream.write_all(tag.as_bytes());
+                            let _ = stream.write_all(answer(peer).as_bytes());
                         }
                     })),
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
@@ -151,7 +165,7 @@ impl Tagged {
             let mut buf = [0u8; 64];
             while !halt.load(Ordering::Relaxed) {
                 if let Ok((_, peer)) = udp.recv_from(&mut buf) {
-                    let _ = udp.send_to(tag.as_bytes(), peer);
+                    let _ = udp.send_to(answer(peer).as_bytes(), peer);
                 }
             }
         });

@@ -10,12 +10,8 @@
 //! state are not translated, a short datagram gets no larger answer; nothing left after the DELs.
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     process::{Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
     time::{Duration, Instant},
 };
 
@@ -25,12 +21,11 @@ use ebpf_cni_tests::{
     lan::{Ipv6Plan, LAN_HOST, LAN_HOST_V6, LAN_NODE_IPS, LAN_NODE_IPV6S, Lan, LanPod},
     prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run},
     run_in,
+    service_probe::{TCP_PORT, Tagged, UDP_PORT},
     traffic::in_netns,
 };
 use ebpf_common::{DropReason, ForwardPath, SVC_CLIENT_NEW_FLOWS, names};
 
-const TCP_PORT: u16 = 8080;
-const UDP_PORT: u16 = 5353;
 const ETH_IPV4: u16 = 0x0800;
 const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
@@ -39,53 +34,6 @@ const FIN: u8 = 0x01;
 /// Long enough to be quoted by a port unreachable (a datagram shorter than its answer gets none).
 const PAYLOAD: &[u8] = b"a query of thirty-two bytes, ok?";
 const PAYLOAD6: &[u8] = b"a query of sixty-four bytes for IPv6's longer port unreachable..";
-
-/// TCP and UDP servers in a pod answering every request with `<tag> <the client address seen>`.
-struct Backend {
-    stop: Arc<AtomicBool>,
-}
-
-impl Backend {
-    fn start(netns: &str, tag: &'static str) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        // Both families on one socket each; an IPv4 peer shows as itself (`to_canonical`).
-        let tcp: TcpListener = in_netns(netns, || Ok(TcpListener::bind(("::", TCP_PORT))?)).unwrap();
-        let udp: UdpSocket = in_netns(netns, || Ok(UdpSocket::bind(("::", UDP_PORT))?)).unwrap();
-        tcp.set_nonblocking(true).unwrap();
-        udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let halt = stop.clone();
-        std::thread::spawn(move || {
-            while !halt.load(Ordering::Relaxed) {
-                match tcp.accept() {
-                    Ok((mut stream, peer)) => drop(std::thread::spawn(move || {
-                        let _ = stream.set_nonblocking(false);
-                        let mut buf = [0u8; 64];
-                        while matches!(stream.read(&mut buf), Ok(n) if n > 0) {
-                            let _ = stream.write_all(format!("{tag} {}", peer.ip().to_canonical()).as_bytes());
-                        }
-                    })),
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
-        });
-        let halt = stop.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 64];
-            while !halt.load(Ordering::Relaxed) {
-                if let Ok((_, peer)) = udp.recv_from(&mut buf) {
-                    let _ = udp.send_to(format!("{tag} {}", peer.ip().to_canonical()).as_bytes(), peer);
-                }
-            }
-        });
-        Self { stop }
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
 
 /// What a client in `netns` got from `to`: the reply, or the error's errno, and how long it took.
 #[derive(Debug)]
@@ -204,7 +152,7 @@ fn nodeports_are_translated_per_packet() {
     lan.use_kube_proxy_replacement(0, &cgroup, &cluster, Some(plan.subnets[0]));
     let (a, c) = (lan.add_pod(0).unwrap(), lan.add_pod(0).unwrap());
     let b = lan.add_pod(1).unwrap();
-    let (_a, _b) = (Backend::start(&a.netns, "A"), Backend::start(&b.netns, "B"));
+    let (_a, _b) = (Tagged::naming_peers(&a.netns, "A"), Tagged::naming_peers(&b.netns, "B"));
     let host = lan.host.name.clone();
     let node1_ns = lan.nodes[0].node.name.clone();
     let _ = NODE1_MAC.set(mac_of(&node1_ns, "eth0"));
