@@ -54,6 +54,13 @@ fn answer(ctx: &TcContext, flow: &Flow) -> i32 {
     // Counted with the request's size; the answer replaces it.
     let _ = maps::drop(ctx, DropReason::ServiceNoEndpoint);
     let built = if flow.protocol == PROTO_TCP { rst(ctx) } else { port_unreachable(ctx) };
+    send_back(ctx, built)
+}
+
+/// Sends the answer `built` in place of the request back out of the interface the request
+/// arrived on (both families'); one that could not be built is dropped and counted.
+#[inline(always)]
+pub(super) fn send_back(ctx: &TcContext, built: Built) -> i32 {
     if built.is_err() || swap_macs(ctx).is_err() {
         return maps::drop(ctx, DropReason::ServiceRejectLimited);
     }

@@ -6,15 +6,11 @@
 //! `CHECKSUM_PARTIAL` request (a device sums from offset 54 and writes at 60, the message's
 //! unused bytes 6–7): those bytes hold the pseudo-header's sum, which makes the complete
 //! checksum valid as it is and makes a device's sum write that same value again.
-use aya_ebpf::{
-    bindings::TC_ACT_REDIRECT,
-    helpers::{bpf_redirect, bpf_skb_load_bytes},
-    programs::TcContext,
-};
+use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
 use ebpf_common::DropReason;
 
-use super::reject::{Built, budget, cut, swap_macs, tcp_to_rst};
-use crate::{flow::PROTO_TCP, maps, packet};
+use super::reject::{Built, budget, cut, send_back, tcp_to_rst};
+use crate::{flow::PROTO_TCP, maps};
 
 const IP: usize = 14;
 const L4: usize = 54;
@@ -38,15 +34,7 @@ fn answer(ctx: &TcContext, protocol: u8) -> i32 {
     }
     let _ = maps::drop(ctx, DropReason::ServiceNoEndpoint);
     let built = if protocol == PROTO_TCP { rst(ctx) } else { port_unreachable(ctx) };
-    if built.is_err() || swap_macs(ctx).is_err() {
-        return maps::drop(ctx, DropReason::ServiceRejectLimited);
-    }
-    // SAFETY: plain helper call; out of the interface the request arrived on.
-    let verdict = unsafe { bpf_redirect(packet::ingress_ifindex(ctx), 0) };
-    if verdict != i64::from(TC_ACT_REDIRECT) {
-        return maps::drop(ctx, DropReason::RedirectFailed);
-    }
-    TC_ACT_REDIRECT as i32
+    send_back(ctx, built)
 }
 
 #[inline(always)]
