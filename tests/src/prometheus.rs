@@ -2,9 +2,11 @@
 //! `prometheus_client.parser` (Python), installed from PyPI when missing.
 use std::{
     collections::BTreeMap,
-    io::Write as _,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
     process::{Command, Stdio},
     sync::Mutex,
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -130,4 +132,17 @@ pub fn value(families: &[Family], name: &str, labels: &[(&str, &str)]) -> Option
         .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)));
     let first = found.next()?;
     found.next().is_none().then_some(first.value)
+}
+
+/// One HTTP/1.1 GET of `path` from `at` in `netns`: the status line, the headers, the body.
+pub fn http_get(netns: &str, at: SocketAddr, path: &str) -> Result<(String, String, String)> {
+    let mut stream =
+        crate::traffic::in_netns(netns, move || Ok(TcpStream::connect_timeout(&at, Duration::from_secs(2))?))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {at}\r\nAccept: text/plain\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+    Ok((status.to_string(), headers.to_string(), body.to_string()))
 }

@@ -14,7 +14,9 @@ use std::{
 use ebpf_cni_tests::{
     Attached, Cluster, EXT_SERVER, Testbed, UNDERLAY_IPS,
     agent::RunningAgent,
-    frames, prometheus, run, run_in,
+    frames,
+    prometheus::{self, http_get},
+    run, run_in,
     traffic::{self, PacketSocket},
 };
 use ebpf_common::{DropReason, ENDPOINTS_MAX_ENTRIES, ForwardPath, NAT_MAX_ENTRIES, PIN_LAYOUT_VERSION};
@@ -209,17 +211,6 @@ fn the_page_shows_what_the_datapath_did() {
 }
 
 /// One HTTP/1.1 request from inside `netns`: (status line, headers, body).
-fn http_get(netns: &str, at: SocketAddr, path: &str) -> anyhow::Result<(String, String, String)> {
-    let mut stream = traffic::in_netns(netns, move || Ok(TcpStream::connect_timeout(&at, Duration::from_secs(2))?))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {at}\r\nAccept: text/plain\r\n\r\n")?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
-    Ok((status.to_string(), headers.to_string(), body.to_string()))
-}
-
 /// Scrapes `/metrics` until `done` holds for the parsed page (10 s at most).
 fn scrape_until(
     netns: &str,

@@ -105,9 +105,36 @@ fn wait_backends(lan: &Lan, backends: &[&LanPod], agent: &RunningAgent) -> Durat
     }
 }
 
+/// Where the agent serves its metrics, on the loopback of its node's namespace.
+const METRICS: &str = "127.0.0.1:9963";
+
 fn start_agent(lan: &Lan, node_file: &Path) -> RunningAgent {
-    let args = ["--api-server", "http://127.0.0.1:6443", "--node-conf", node_file.to_str().unwrap(), "--interval", "1"];
+    let node_conf = node_file.to_str().unwrap();
+    let args = ["--api-server", "http://127.0.0.1:6443", "--node-conf", node_conf, "--interval", "1"];
+    let args = [&args[..], &["--metrics-addr", METRICS]].concat();
     RunningAgent::start(&lan.nodes[0], "node-1", &args).unwrap()
+}
+
+/// The agent's own Service series: its syncs timed, the model's counts of bad input.
+fn check_agent_metrics(lan: &Lan, agent: &RunningAgent) {
+    let (status, _, body) = prometheus::http_get(&lan.nodes[0].node.name, METRICS.parse().unwrap(), "/metrics")
+        .unwrap_or_else(|e| panic!("scraping the agent: {e:#}; log:\n{}", agent.log()));
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let page = prometheus::parse(&body).unwrap();
+    let kind = |name: &str| page.iter().find(|f| f.name == name).map(|f| f.kind.clone());
+    assert_eq!(kind("ebpf_cni_service_sync_duration_seconds").as_deref(), Some("histogram"), "{body}");
+    let syncs = prometheus::value(&page, "ebpf_cni_service_sync_duration_seconds_count", &[]).unwrap_or(0.0);
+    let within_50ms =
+        prometheus::value(&page, "ebpf_cni_service_sync_duration_seconds_bucket", &[("le", "0.05")]).unwrap_or(0.0);
+    assert!(syncs >= 1.0 && within_50ms >= 1.0, "{syncs} syncs, {within_50ms} within 50 ms:\n{body}");
+    let first = prometheus::value(&page, "ebpf_cni_service_first_sync_seconds", &[]).unwrap_or(0.0);
+    assert!(first > 0.0 && first < 10.0, "first sync {first} s");
+    let changes = prometheus::value(&page, "ebpf_cni_service_frontend_changes_total", &[]).unwrap_or(0.0);
+    assert!(changes >= 1.0, "{changes} frontend changes");
+    for kind in ["bad-services", "orphan-slices", "duplicate-frontends", "skipped-services"] {
+        let count = prometheus::value(&page, "ebpf_cni_service_input_total", &[("kind", kind)]);
+        assert!(count.is_some(), "no ebpf_cni_service_input_total{{kind={kind:?}}}:\n{body}");
+    }
 }
 
 #[test]
@@ -157,6 +184,7 @@ fn the_agent_serves_services_without_kube_proxy() {
     // and the connected UDP socket reaches the new backend within 1 s.
     store.put(SLICES, [slice("web-1", "web", &[&b])]);
     let moved = wait_backends(&lan, &[&b], &agent);
+    check_agent_metrics(&lan, &agent);
     println!("EndpointSlice change -> datapath: {moved:?}");
     assert!(moved < Duration::from_millis(100), "the change took {moved:?}");
     assert_eq!(Client::once(&cgroup, &client, &["tcp", VIP, "80"])["reply"], json!("B"));

@@ -7,6 +7,7 @@
 mod plan;
 mod preload;
 mod service_maps;
+mod service_stats;
 mod services;
 mod stats;
 mod sync;
@@ -83,11 +84,13 @@ pub fn run(args: Agent) -> Result<()> {
         Err(e) => log::error!("bpffs is not mounted for {} and cannot be: {e}", args.bpffs_root.display()),
     }
     let stats = Arc::new(stats::Stats::default());
+    let service_stats = Arc::new(service_stats::ServiceStats::default());
     if let Some(addr) = args.metrics_addr {
-        let (root, stats) = (args.bpffs_root.clone(), Arc::clone(&stats));
+        let (root, stats, service_stats) = (args.bpffs_root.clone(), Arc::clone(&stats), Arc::clone(&service_stats));
         let at = crate::metrics::serve(addr, move || {
             let mut page = crate::metrics::Exposition::default();
             stats.write(&mut page);
+            service_stats.write(&mut page);
             crate::metrics::write_networks(&mut page, &root);
             page.render()
         })?;
@@ -147,8 +150,8 @@ pub fn run(args: Agent) -> Result<()> {
         let mut feed = kube::Feed::new(target, interval)?;
         let (nodes, updates) = channel();
         feed.watch(nodes, |update| update);
-        let services =
-            kube_proxy_replacement.then(|| services::start(&mut feed, &args.node, args.services_dump, primary_pins));
+        let services = kube_proxy_replacement
+            .then(|| services::start(&mut feed, &args.node, args.services_dump, primary_pins, service_stats));
         feed.start();
         let mut addrs = Vec::new();
         watch::run(&updates, &syncer, interval, |node| {

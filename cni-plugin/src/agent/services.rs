@@ -5,14 +5,17 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel},
+    sync::{
+        Arc,
+        mpsc::{Receiver, RecvTimeoutError, Sender, channel},
+    },
     time::{Duration, Instant},
 };
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use serde_json::json;
 
-use super::service_maps::MapSink;
+use super::{service_maps::MapSink, service_stats::ServiceStats};
 use crate::{
     bpf::Pins,
     kube::{Feed, Update},
@@ -33,7 +36,13 @@ const QUIET: Duration = Duration::from_millis(100);
 
 /// Adds the two watches to `feed` and starts the model's thread; its input.
 /// `pins`: the primary network's, whose socket LB maps the Services go into (none: logged only).
-pub fn start(feed: &mut Feed, own: &str, dump: Option<PathBuf>, pins: Option<Pins>) -> Sender<Input> {
+pub fn start(
+    feed: &mut Feed,
+    own: &str,
+    dump: Option<PathBuf>,
+    pins: Option<Pins>,
+    stats: Arc<ServiceStats>,
+) -> Sender<Input> {
     let (tx, rx) = channel();
     feed.watch(tx.clone(), |update| Input::Services(Box::new(update)));
     feed.watch(tx.clone(), |update| Input::Slices(Box::new(update)));
@@ -43,12 +52,19 @@ pub fn start(feed: &mut Feed, own: &str, dump: Option<PathBuf>, pins: Option<Pin
             Some(pins) => Box::new(MapSink::new(pins)),
             None => Box::new(LogSink::default()),
         };
-        run(&rx, Model::new(node, DEFAULT_MAX_BACKENDS), sink.as_mut(), dump)
+        stats.started();
+        run(&rx, Model::new(node, DEFAULT_MAX_BACKENDS), sink.as_mut(), dump, &stats)
     });
     tx
 }
 
-fn run(input: &Receiver<Input>, mut model: Model, sink: &mut dyn ServiceSink, dump: Option<PathBuf>) {
+fn run(
+    input: &Receiver<Input>,
+    mut model: Model,
+    sink: &mut dyn ServiceSink,
+    dump: Option<PathBuf>,
+    stats: &ServiceStats,
+) {
     let (mut services_listed, mut slices_listed) = (false, false);
     let mut first_list: Option<Instant> = None;
     let mut synced = false;
@@ -67,6 +83,7 @@ fn run(input: &Receiver<Input>, mut model: Model, sink: &mut dyn ServiceSink, du
             }
             Err(RecvTimeoutError::Disconnected) => return,
         };
+        let taken = Instant::now();
         for update in std::iter::once(first).chain(input.try_iter()) {
             let listed = match update {
                 Input::Services(update) => {
@@ -97,9 +114,13 @@ fn run(input: &Receiver<Input>, mut model: Model, sink: &mut dyn ServiceSink, du
         }
         let changed = model.flush(sink);
         dump_due = true;
-        if !synced {
+        stats.model(&model.stats);
+        if synced {
+            stats.synced(taken.elapsed(), changed.len());
+        } else {
             synced = true;
             let took = first_list.map(|t| t.elapsed()).unwrap_or_default();
+            stats.first_sync(took);
             log::info!("services: first sync, {} frontends, {took:?} after the first list", changed.len());
         }
     }

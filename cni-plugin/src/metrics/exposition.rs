@@ -10,6 +10,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub enum Kind {
     Counter,
     Gauge,
+    Histogram,
 }
 
 /// A sample's value. Counters stay integers: a float would round them past 2^53.
@@ -47,8 +48,9 @@ struct Family {
     name: &'static str,
     help: &'static str,
     kind: Kind,
-    /// Rendered label sets (`{a="x"}` or empty) and their values.
-    samples: Vec<(String, Value)>,
+    /// Each sample's name suffix (a histogram's `_bucket`, `_sum`, `_count`; else empty), its
+    /// rendered label set (`{a="x"}` or empty) and its value.
+    samples: Vec<(&'static str, String, Value)>,
 }
 
 /// A page being built: families in the order they first got a sample.
@@ -72,14 +74,46 @@ impl Exposition {
         self.add(name, help, Kind::Gauge, labels, value.into());
     }
 
+    /// A histogram: `buckets` are (upper bound, observations at most that), cumulative and in
+    /// increasing order, as the format wants; the `+Inf` bucket is `count`.
+    pub fn histogram(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&str, &str)],
+        buckets: &[(f64, u64)],
+        sum: f64,
+        count: u64,
+    ) {
+        let bounds = buckets.iter().map(|&(le, n)| (render_value(Value::Float(le)), n));
+        for (le, n) in bounds.chain(std::iter::once(("+Inf".to_string(), count))) {
+            let with_le: Vec<(&str, &str)> = labels.iter().copied().chain([("le", le.as_str())]).collect();
+            self.add_sample(name, help, Kind::Histogram, "_bucket", &with_le, Value::Int(n));
+        }
+        self.add_sample(name, help, Kind::Histogram, "_sum", labels, Value::Float(sum));
+        self.add_sample(name, help, Kind::Histogram, "_count", labels, Value::Int(count));
+    }
+
     fn add(&mut self, name: &'static str, help: &'static str, kind: Kind, labels: &[(&str, &str)], value: Value) {
-        let labels = render_labels(labels);
+        self.add_sample(name, help, kind, "", labels, value);
+    }
+
+    fn add_sample(
+        &mut self,
+        name: &'static str,
+        help: &'static str,
+        kind: Kind,
+        suffix: &'static str,
+        labels: &[(&str, &str)],
+        value: Value,
+    ) {
+        let sample = (suffix, render_labels(labels), value);
         match self.families.iter_mut().find(|f| f.name == name) {
             Some(family) => {
                 debug_assert!(family.kind == kind && family.help == help, "{name} declared twice, differently");
-                family.samples.push((labels, value));
+                family.samples.push(sample);
             }
-            None => self.families.push(Family { name, help, kind, samples: vec![(labels, value)] }),
+            None => self.families.push(Family { name, help, kind, samples: vec![sample] }),
         }
     }
 
@@ -89,12 +123,13 @@ impl Exposition {
             let kind = match family.kind {
                 Kind::Counter => "counter",
                 Kind::Gauge => "gauge",
+                Kind::Histogram => "histogram",
             };
             // Writing to a String cannot fail.
             let _ = writeln!(out, "# HELP {} {}", family.name, escape(family.help, false));
             let _ = writeln!(out, "# TYPE {} {kind}", family.name);
-            for (labels, value) in &family.samples {
-                let _ = writeln!(out, "{}{labels} {}", family.name, render_value(*value));
+            for (suffix, labels, value) in &family.samples {
+                let _ = writeln!(out, "{}{suffix}{labels} {}", family.name, render_value(*value));
             }
         }
         out
@@ -168,6 +203,20 @@ mod tests {
         page.gauge("a", "A.", &[("v", "ts")], 1_764_000_000.25);
         let text = page.render();
         assert!(text.contains("a{v=\"inf\"} +Inf\na{v=\"nan\"} NaN\na{v=\"ts\"} 1764000000.25\n"), "{text}");
+    }
+
+    #[test]
+    fn a_histogram_has_cumulative_buckets_then_sum_and_count() {
+        let mut page = Exposition::default();
+        page.histogram("sync_seconds", "Syncs.", &[("network", "a")], &[(0.001, 1), (0.01, 3)], 0.0125, 4);
+        assert_eq!(
+            page.render(),
+            "# HELP sync_seconds Syncs.\n# TYPE sync_seconds histogram\n\
+             sync_seconds_bucket{network=\"a\",le=\"0.001\"} 1\n\
+             sync_seconds_bucket{network=\"a\",le=\"0.01\"} 3\n\
+             sync_seconds_bucket{network=\"a\",le=\"+Inf\"} 4\n\
+             sync_seconds_sum{network=\"a\"} 0.0125\nsync_seconds_count{network=\"a\"} 4\n"
+        );
     }
 
     #[test]

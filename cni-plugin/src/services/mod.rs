@@ -17,6 +17,7 @@ mod translate;
 
 pub use frontend::{Entry, Frontend, Kind, Protocol, ServiceSink, WhenEmpty};
 pub use model::{DEFAULT_MAX_BACKENDS, Model};
+pub use stats::Stats;
 pub use translate::Node;
 
 /// Says in the log what the datapath would be told, a line per batch (each frontend at debug),

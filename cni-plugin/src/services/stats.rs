@@ -25,3 +25,20 @@ pub struct Stats {
     /// Frontend and endpoint addresses no Service may take (loopback, link-local, …).
     pub unroutable_addresses: u64,
 }
+
+impl Stats {
+    /// Every count with the name the metrics give it.
+    pub fn named(&self) -> [(&'static str, u64); 9] {
+        [
+            ("skipped-services", self.services_skipped),
+            ("bad-services", self.bad_services),
+            ("skipped-ports", self.ports_skipped),
+            ("bad-addresses", self.bad_addresses),
+            ("duplicate-frontends", self.duplicate_frontends),
+            ("orphan-slices", self.orphan_slices),
+            ("oversized-slices", self.oversized_slices),
+            ("truncated-frontends", self.truncated_frontends),
+            ("unroutable-addresses", self.unroutable_addresses),
+        ]
+    }
+}
