@@ -6,7 +6,8 @@
 use std::{
     collections::BTreeMap,
     io::Write as _,
-    net::{Shutdown, SocketAddrV4, TcpStream},
+    net::{Shutdown, SocketAddrV4, TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
     sync::{Arc, Condvar, Mutex, MutexGuard},
     time::{Duration, Instant, SystemTime},
 };
@@ -47,14 +48,18 @@ struct Shared {
 
 pub struct FakeStore {
     shared: Arc<Shared>,
+    /// The listening socket, shut down when the store is dropped: that ends its thread, which
+    /// closes it, so a bench that starts a store per round keeps no socket (and no netns) alive.
+    listener: TcpListener,
 }
 
 impl FakeStore {
     pub fn start(netns: &str, at: SocketAddrV4) -> Self {
         let listener = traffic::tcp_listener(netns, at).expect("listening as the API server");
+        let own = listener.try_clone().expect("a second handle of the API server's socket");
         let shared = Arc::new(Shared { state: Mutex::default(), changed: Condvar::new() });
         let server = Arc::clone(&shared);
-        // Ends with the test process: the listener thread holds only the store.
+        // Ends when the store is dropped (accept then fails) or with the test process.
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { return };
@@ -67,7 +72,7 @@ impl FakeStore {
                 });
             }
         });
-        Self { shared }
+        Self { shared, listener: own }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -221,5 +226,13 @@ fn serve(shared: &Shared, stream: &mut TcpStream, request: &ApiRequest) {
         if next == state.events.len() {
             state = shared.changed.wait_timeout(state, left.min(Duration::from_millis(200))).unwrap().0;
         }
+    }
+}
+
+impl Drop for FakeStore {
+    fn drop(&mut self) {
+        // shutdown(2) on a listening socket wakes a thread blocked in accept(2) with an error.
+        // SAFETY: the descriptor is the listener's, open while `self` is.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
     }
 }
