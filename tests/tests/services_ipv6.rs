@@ -7,8 +7,8 @@
 //! answered by the very address it asked for, and, where the path decides it, which source the
 //! server saw. Everything is run and the failures listed at the end.
 //!
-//! Not here: a pod's IPv6 masqueraded toward the outside (`crafted_packets6.rs` and the demo cover it), and
-//! ebpf-cni's own Service LB over IPv6 (`services_own.rs`, `nodeport.rs`).
+//! Not here: a pod's IPv6 masqueraded toward the outside (`crafted_packets6.rs` and the demo
+//! cover it), and ebpf-cni's own Service LB over IPv6 (`services_own.rs`, `nodeport.rs`).
 //! `EBPF_CNI_TESTS_POD_NETWORK=bridge` runs the same flows with the reference `bridge` plugin
 //! networking the pods: the check that the flows themselves are right.
 use std::{
