@@ -9,6 +9,7 @@ mod preload;
 mod service_maps;
 mod service_stats;
 mod services;
+mod settling;
 mod stats;
 mod sync;
 mod watch;

@@ -9,6 +9,7 @@ use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     os::unix::fs::MetadataExt as _,
+    sync::mpsc::Sender,
     time::{Duration, Instant},
 };
 
@@ -38,6 +39,9 @@ pub struct MapSink {
     log: LogSink,
     /// Frontends that could not be written (logged each time).
     failures: u64,
+    /// Backends the writes since the last hand-over took away: their sockets are to settle.
+    removals: Vec<maps::Removal>,
+    settler: Sender<Vec<maps::Removal>>,
 }
 
 /// What one map key holds.
@@ -52,7 +56,9 @@ impl MapSink {
     pub fn new(pins: Pins) -> Self {
         let log = LogSink::default();
         let (desired, pending) = (BTreeMap::new(), BTreeMap::new());
-        Self { pins, desired, pending, writer: None, checked: Instant::now(), log, failures: 0 }
+        let settler = super::settling::start(pins.clone());
+        let (checked, removals) = (Instant::now(), Vec::new());
+        Self { pins, desired, pending, writer: None, checked, log, failures: 0, removals, settler }
     }
 
     /// The inode of the pinned frontend map: a new load pins a new map at the same path.
@@ -86,6 +92,16 @@ impl MapSink {
         for (key, target) in pending {
             self.apply_logged(key, target.as_ref());
         }
+        self.hand_over_removals();
+    }
+
+    /// The batch's map writes are done: its removed backends' sockets go to the settling thread.
+    fn hand_over_removals(&mut self) {
+        let removals: Vec<maps::Removal> =
+            std::mem::take(&mut self.removals).into_iter().filter(|r| !r.backends.is_empty()).collect();
+        if !removals.is_empty() {
+            let _ = self.settler.send(removals);
+        }
     }
 
     /// Every desired key written, every other one in the maps removed (never one that stays:
@@ -96,7 +112,7 @@ impl MapSink {
         let stale: Vec<maps::Frontend> =
             writer.list()?.into_iter().map(|s| s.frontend).filter(|f| !targets.contains_key(f)).collect();
         for frontend in stale {
-            writer.remove(frontend)?;
+            self.removals.extend(writer.remove(frontend)?);
         }
         // One frontend that cannot be written (a full map) is logged and left out: the others
         // are written all the same, never held up behind it.
@@ -104,6 +120,7 @@ impl MapSink {
             self.apply_logged(*key, Some(target));
         }
         log::info!("services: wrote all {} frontends into the socket LB's maps", targets.len());
+        self.hand_over_removals();
         Ok(())
     }
 
@@ -116,13 +133,11 @@ impl MapSink {
 
     fn apply(&mut self, key: maps::Frontend, target: Option<&Target>) -> anyhow::Result<()> {
         let Some((writer, _)) = &mut self.writer else { return Ok(()) };
-        let settled = match target {
-            None => writer.remove(key)?.unwrap_or_default(),
-            Some(t) => writer.upsert_exposed(key, &t.backends, t.affinity, t.exposure)?,
+        let removal = match target {
+            None => writer.remove(key)?,
+            Some(t) => Some(writer.upsert_exposed(key, &t.backends, t.affinity, t.exposure)?),
         };
-        if settled != maps::Settled::default() {
-            log::info!("services: frontend {key:?}: sockets on removed backends settled: {settled:?}");
-        }
+        self.removals.extend(removal);
         Ok(())
     }
 }

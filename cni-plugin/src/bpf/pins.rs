@@ -16,6 +16,7 @@ use ebpf_common::{PIN_LAYOUT_VERSION, names};
 /// from its pins, as `FEATURES` is from 5b4a135's.
 pub const PREVIOUS_LAYOUT_VERSION: u32 = 3;
 
+#[derive(Clone)]
 pub struct Pins {
     network_dir: PathBuf,
     version_dir: PathBuf,

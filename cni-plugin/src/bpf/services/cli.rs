@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::Args;
 use serde::Deserialize;
 
-use super::{Exposure, Frontend, Protocol, ServiceWriter, Settled};
+use super::{Exposure, Frontend, Protocol, ServiceWriter};
 use crate::{bpf::read, cni::config::DEFAULT_BPFFS_ROOT};
 
 #[derive(Args)]
@@ -71,34 +71,34 @@ impl<'de> Deserialize<'de> for Protocol {
 pub fn run(args: ServiceSet) -> anyhow::Result<()> {
     let pins = read::pinned(&args.bpffs_root, &args.network)?;
     let mut writer = ServiceWriter::open(&pins)?;
-    let settled = match (&args.from_file, args.frontend) {
+    let removals = match (&args.from_file, args.frontend) {
         (Some(file), _) => {
             let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
             let entries: Vec<Entry> = serde_json::from_str(&text).with_context(|| format!("{}", file.display()))?;
-            let mut all = Settled::default();
+            let mut removals = Vec::new();
             for e in entries {
                 let frontend = Frontend { ip: e.frontend.ip(), port: e.frontend.port(), protocol: e.protocol };
                 let affinity = e.affinity_seconds.map(Duration::from_secs);
-                let settled = writer.upsert(frontend, &e.backends, affinity).with_context(|| e.frontend.to_string())?;
-                all.reconnected += settled.reconnected;
-                all.destroyed += settled.destroyed;
+                removals.push(writer.upsert(frontend, &e.backends, affinity).with_context(|| e.frontend.to_string())?);
             }
-            all
+            removals
         }
         (None, Some(address)) => {
             let frontend = Frontend { ip: address.ip(), port: address.port(), protocol: args.protocol };
             let affinity = args.affinity_seconds.map(Duration::from_secs);
             let exposure = Exposure { external: args.external, local: args.local };
-            if args.remove {
+            let removal = if args.remove {
                 writer.remove(frontend)?.with_context(|| format!("no Service {address} {:?}", args.protocol))?
             } else if exposure == Exposure::default() {
                 writer.upsert(frontend, &args.backends, affinity)?
             } else {
                 writer.upsert_exposed(frontend, &args.backends, affinity, exposure)?
-            }
+            };
+            vec![removal]
         }
         (None, None) => anyhow::bail!("--frontend or --from-file"),
     };
+    let settled = writer.settle(&removals)?;
     crate::cli::write_stdout(&format!("{}\n", serde_json::to_string(&settled)?))?;
     Ok(())
 }

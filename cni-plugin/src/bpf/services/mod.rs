@@ -6,10 +6,13 @@
 //! deleted. The bank left keeps the previous set until the next change, for a reader that
 //! copied the old entry just before the switch.
 //!
-//! When a change removes backends, the sockets the socket LB sent to them are settled at once
-//! (`settle.rs`): TCP connections are destroyed (their peer gets a RST, the application
-//! `ECONNABORTED`), connected UDP sockets are connected again to their Service (a live backend).
+//! A change that removes backends returns them ([`Removal`]); [`ServiceWriter::settle`] then
+//! settles the sockets the socket LB sent to them (`settle.rs`): TCP connections are destroyed
+//! (their peer gets a RST, the application `ECONNABORTED`), connected UDP sockets are connected
+//! again to their Service (a live backend). The agent settles on a thread of its own, after the
+//! batch's map writes, so that no map write waits for a walk of the node's sockets.
 pub mod cli;
+mod maps;
 mod settle;
 
 use std::{
@@ -19,16 +22,17 @@ use std::{
 };
 
 use anyhow::{Context as _, bail, ensure};
-use aya::maps::{HashMap, Map, MapData, MapError};
+use aya::maps::MapError;
 use ebpf_common::{
     Backend, BackendKey, FAMILY_IPV4, FAMILY_IPV6, SERVICE_AFFINITY, SERVICE_EXTERNAL, SERVICE_EXTERNAL_LOCAL,
-    SERVICE_MAX_BACKENDS, Service, ServiceKey, SocketKey, SocketService, ipv4_in_16, names,
+    SERVICE_MAX_BACKENDS, Service, ServiceKey, ipv4_in_16,
 };
 use serde::Serialize;
 
 use super::pins::Pins;
 
-pub use settle::Settled;
+use maps::Maps;
+pub use settle::{Removal, Settled, Settler};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -110,9 +114,7 @@ mod affinity_seconds {
 }
 
 pub struct ServiceWriter {
-    frontends: HashMap<MapData, ServiceKey, Service>,
-    backends: HashMap<MapData, BackendKey, Backend>,
-    sockets: HashMap<MapData, SocketKey, SocketService>,
+    maps: Maps,
     /// Service ids only count up, so a reader racing a removal never finds another Service's
     /// backends under the id it copied.
     next_id: u32,
@@ -121,26 +123,20 @@ pub struct ServiceWriter {
 impl ServiceWriter {
     /// Opens the network's pinned Service maps (present once its datapath is loaded).
     pub fn open(pins: &Pins) -> anyhow::Result<Self> {
-        let open = |name: &str| -> anyhow::Result<Map> {
-            let data = MapData::from_pin(pins.map(name))
-                .with_context(|| format!("cannot open pinned {name}: is the network's datapath loaded?"))?;
-            Ok(Map::from_map_data(data)?)
-        };
-        let frontends: HashMap<_, ServiceKey, Service> = HashMap::try_from(open(names::SVC_FRONTENDS)?)?;
-        let backends = HashMap::try_from(open(names::SVC_BACKENDS)?)?;
-        let sockets = HashMap::try_from(open(names::SVC_SOCKETS)?)?;
-        let next_id = frontends.iter().filter_map(Result::ok).map(|(_, s)| s.id + 1).max().unwrap_or(1);
-        Ok(Self { frontends, backends, sockets, next_id })
+        let maps = Maps::open(pins)?;
+        let next_id = maps.frontends.iter().filter_map(Result::ok).map(|(_, s)| s.id + 1).max().unwrap_or(1);
+        Ok(Self { maps, next_id })
     }
 
     /// Sets `frontend`'s backends (all of its family; none: connects are refused) and its
-    /// ClientIP affinity timeout. Sockets sent to a backend this removes are settled.
+    /// ClientIP affinity timeout. Returns the backends this removed, whose sockets are to be
+    /// settled ([`Self::settle`]).
     pub fn upsert(
         &mut self,
         frontend: Frontend,
         backends: &[SocketAddr],
         affinity: Option<Duration>,
-    ) -> anyhow::Result<Settled> {
+    ) -> anyhow::Result<Removal> {
         self.upsert_exposed(frontend, backends, affinity, Exposure::default())
     }
 
@@ -151,14 +147,14 @@ impl ServiceWriter {
         backends: &[SocketAddr],
         affinity: Option<Duration>,
         exposure: Exposure,
-    ) -> anyhow::Result<Settled> {
+    ) -> anyhow::Result<Removal> {
         ensure!(backends.len() as u32 <= SERVICE_MAX_BACKENDS, "more than {SERVICE_MAX_BACKENDS} backends");
         let family = family(frontend.ip);
         if let Some(other) = backends.iter().find(|b| self::family(b.ip()) != family) {
             bail!("backend {other} is not of the frontend's family ({})", frontend.ip);
         }
         let key = service_key(frontend);
-        let current = self.lookup(&key)?;
+        let current = self.maps.lookup(&key)?;
         let (id, revision) = match current {
             Some(s) => (s.id, s.revision.wrapping_add(1)),
             None => {
@@ -169,7 +165,7 @@ impl ServiceWriter {
         let bank = (revision & 1) as u8;
         for (index, backend) in backends.iter().enumerate() {
             let slot = BackendKey { service: id, index: index as u16, bank, pad: 0 };
-            self.backends.insert(slot, backend_value(*backend), 0).context("cannot write a backend slot")?;
+            self.maps.backends.insert(slot, backend_value(*backend), 0).context("cannot write a backend slot")?;
         }
         self.clear_bank(id, bank, backends.len() as u16)?;
         let timeout = affinity.map_or(0, |t| t.as_secs().clamp(1, u64::from(u32::MAX)) as u32);
@@ -182,38 +178,44 @@ impl ServiceWriter {
             affinity_timeout_s: timeout,
         };
         // The switch: readers now pick from the new bank.
-        self.frontends.insert(key, service, 0).context("cannot write the frontend (SVC_FRONTENDS full?)")?;
-        let Some(previous) = current else { return Ok(Settled::default()) };
+        self.maps.frontends.insert(key, service, 0).context("cannot write the frontend (SVC_FRONTENDS full?)")?;
+        let Some(previous) = current else { return Ok(Removal { frontend, backends: Vec::new() }) };
         let kept: BTreeSet<SocketAddr> = backends.iter().copied().collect();
-        let removed: Vec<SocketAddr> = self.bank(&previous)?.into_iter().filter(|b| !kept.contains(b)).collect();
-        settle::sockets_of_removed(&mut self.sockets, frontend, &removed, !backends.is_empty())
+        let removed: Vec<SocketAddr> = self.maps.bank(&previous)?.into_iter().filter(|b| !kept.contains(b)).collect();
+        Ok(Removal { frontend, backends: removed })
     }
 
-    /// Removes `frontend` and its backend slots; its translated sockets are destroyed (there
-    /// is no backend to connect them to). Returns whether it existed.
-    pub fn remove(&mut self, frontend: Frontend) -> anyhow::Result<Option<Settled>> {
+    /// Removes `frontend` and its backend slots. Returns its backends, whose sockets are to be
+    /// settled (destroyed: there is no backend to connect them to), or `None` when it did not
+    /// exist.
+    pub fn remove(&mut self, frontend: Frontend) -> anyhow::Result<Option<Removal>> {
         let key = service_key(frontend);
-        let Some(service) = self.lookup(&key)? else { return Ok(None) };
-        let backends = self.bank(&service)?;
+        let Some(service) = self.maps.lookup(&key)? else { return Ok(None) };
+        let backends = self.maps.bank(&service)?;
         // The frontend first: from here no reader picks a slot of this Service.
-        self.frontends.remove(&key).context("cannot remove the frontend")?;
+        self.maps.frontends.remove(&key).context("cannot remove the frontend")?;
         for bank in 0..2 {
             self.clear_bank(service.id, bank, 0)?;
         }
-        settle::sockets_of_removed(&mut self.sockets, frontend, &backends, false).map(Some)
+        Ok(Some(Removal { frontend, backends }))
+    }
+
+    /// Settles the sockets sent to the backends `removals` took away ([`Settler::settle`]).
+    pub fn settle(&mut self, removals: &[Removal]) -> anyhow::Result<Settled> {
+        settle::settle(&mut self.maps, removals)
     }
 
     /// Every Service in the maps, sorted by frontend.
     pub fn list(&self) -> anyhow::Result<Vec<ServiceView>> {
         let mut all = Vec::new();
-        for entry in self.frontends.iter() {
+        for entry in self.maps.frontends.iter() {
             let (key, service) = entry.context("cannot read SVC_FRONTENDS")?;
             let Some(frontend) = frontend_of(&key) else { continue };
             let affinity = (service.flags & SERVICE_AFFINITY != 0)
                 .then(|| Duration::from_secs(u64::from(service.affinity_timeout_s)));
             all.push(ServiceView {
                 frontend,
-                backends: self.bank(&service)?,
+                backends: self.maps.bank(&service)?,
                 affinity,
                 revision: service.revision,
                 external: service.flags & SERVICE_EXTERNAL != 0,
@@ -224,29 +226,10 @@ impl ServiceWriter {
         Ok(all)
     }
 
-    fn lookup(&self, key: &ServiceKey) -> anyhow::Result<Option<Service>> {
-        match self.frontends.get(key, 0) {
-            Ok(s) => Ok(Some(s)),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(e).context("cannot read SVC_FRONTENDS"),
-        }
-    }
-
-    /// The backends `service` names: slots `0..count` of its bank.
-    fn bank(&self, service: &Service) -> anyhow::Result<Vec<SocketAddr>> {
-        (0..service.count)
-            .map(|index| {
-                let slot = BackendKey { service: service.id, index, bank: service.bank, pad: 0 };
-                let backend = self.backends.get(&slot, 0).with_context(|| format!("backend slot {slot:?} missing"))?;
-                socket_addr(&backend).context("a backend slot of no known family")
-            })
-            .collect()
-    }
-
     /// Deletes `bank`'s slots from index `from` on (slots are contiguous from 0).
     fn clear_bank(&mut self, service: u32, bank: u8, from: u16) -> anyhow::Result<()> {
         for index in from..=u16::MAX {
-            match self.backends.remove(&BackendKey { service, index, bank, pad: 0 }) {
+            match self.maps.backends.remove(&BackendKey { service, index, bank, pad: 0 }) {
                 Ok(()) => {}
                 // aya reports a missing key on delete as the syscall's ENOENT.
                 Err(MapError::KeyNotFound) => break,

@@ -32,7 +32,8 @@ use ebpf_common::{SocketKey, SocketService};
 use nix::sched::{CloneFlags, setns};
 use serde::Serialize;
 
-use super::{Frontend, Protocol, backend_value, service_key};
+use super::{Frontend, Maps, Protocol, backend_value, service_key};
+use crate::bpf::Pins;
 use crate::net::sock_diag::{Diag, DiagSocket, ESTABLISHED, LISTEN};
 
 /// What settling did.
@@ -44,69 +45,121 @@ pub struct Settled {
     pub destroyed: usize,
 }
 
+impl std::ops::AddAssign for Settled {
+    fn add_assign(&mut self, other: Self) {
+        self.reconnected += other.reconnected;
+        self.destroyed += other.destroyed;
+    }
+}
+
+/// Backends a change took away from a frontend: the sockets sent to them are to be settled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removal {
+    pub frontend: Frontend,
+    pub backends: Vec<SocketAddr>,
+}
+
+/// The sockets of removed backends, settled apart from the writer (the agent's settling thread).
+pub struct Settler {
+    maps: Maps,
+}
+
+impl Settler {
+    pub fn open(pins: &Pins) -> anyhow::Result<Self> {
+        Ok(Self { maps: Maps::open(pins)? })
+    }
+
+    /// Settles the sockets sent to the backends `removals` took away, in one walk of the
+    /// node's network namespaces, as the maps stand now: a backend a later change gave back
+    /// to its frontend is left alone, and the sockets of a frontend that has backends again
+    /// are connected again rather than destroyed.
+    pub fn settle(&mut self, removals: &[Removal]) -> anyhow::Result<Settled> {
+        settle(&mut self.maps, removals)
+    }
+}
+
+pub(super) fn settle(maps: &mut Maps, removals: &[Removal]) -> anyhow::Result<Settled> {
+    let mut jobs = Vec::new();
+    for removal in removals.iter().filter(|r| !r.backends.is_empty()) {
+        let now = match maps.lookup(&service_key(removal.frontend))? {
+            Some(service) => maps.bank(&service)?,
+            None => Vec::new(),
+        };
+        let removed: BTreeSet<SocketAddr> = removal.backends.iter().filter(|b| !now.contains(b)).copied().collect();
+        if !removed.is_empty() {
+            jobs.push(Job { frontend: removal.frontend, removed, reconnect: !now.is_empty() });
+        }
+    }
+    Ok(sockets_of_removed(&mut maps.sockets, &jobs))
+}
+
+/// One frontend's sockets to settle, as the maps stand when settling starts.
+struct Job {
+    pub frontend: Frontend,
+    /// Backends removed and not given back since.
+    pub removed: BTreeSet<SocketAddr>,
+    /// Whether connected UDP sockets may be connected again: the frontend still has backends
+    /// (a removed Service's sockets are destroyed: there is nothing to connect them to).
+    pub reconnect: bool,
+}
+
 type Sockets = HashMap<MapData, SocketKey, SocketService>;
 
-/// `reconnect`: whether connected UDP sockets may be connected again (a Service that stays, with
-/// other backends); a removed Service's are destroyed, as there is nothing to connect them to.
-pub fn sockets_of_removed(
-    sockets: &mut Sockets,
-    frontend: Frontend,
-    removed: &[SocketAddr],
-    reconnect: bool,
-) -> anyhow::Result<Settled> {
+/// Settles every job's sockets in one walk of the node's network namespaces.
+fn sockets_of_removed(sockets: &mut Sockets, jobs: &[Job]) -> Settled {
     let mut settled = Settled::default();
-    if removed.is_empty() {
-        return Ok(settled);
+    if jobs.is_empty() {
+        return settled;
     }
-    let removed: BTreeSet<SocketAddr> = removed.iter().copied().collect();
     for netns in namespaces() {
         let found = std::thread::scope(|scope| {
             scope
-                .spawn(|| settle_in(&netns, &mut *sockets, frontend, &removed, reconnect))
+                .spawn(|| settle_in(&netns, &mut *sockets, jobs))
                 .join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("settling sockets in {} panicked", netns.display())))
         });
         match found {
-            Ok(s) => {
-                settled.reconnected += s.reconnected;
-                settled.destroyed += s.destroyed;
-            }
+            Ok(s) => settled += s,
             // A namespace that went away meanwhile has no socket left to settle.
             Err(e) => log::debug!("sockets in {}: {e:#}", netns.display()),
         }
     }
-    Ok(settled)
+    settled
 }
 
 /// On a thread of its own, which it moves into `netns` (sock_diag answers for the caller's).
-fn settle_in(
-    netns: &PathBuf,
-    sockets: &mut Sockets,
-    frontend: Frontend,
-    removed: &BTreeSet<SocketAddr>,
-    may_reconnect: bool,
-) -> anyhow::Result<Settled> {
+fn settle_in(netns: &PathBuf, sockets: &mut Sockets, jobs: &[Job]) -> anyhow::Result<Settled> {
     let ns = File::open(netns)?;
     setns(&ns, CloneFlags::CLONE_NEWNET).context("setns")?;
     let diag = Diag::open()?;
-    let family = if frontend.ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
-    let ours = service_key(frontend);
-    let translated = |s: &DiagSocket| {
-        removed.contains(&s.peer)
-            && s.state != LISTEN
-            && sockets
-                .get(&SocketKey { cookie: s.cookie, backend: backend_value(s.peer), pad: 0 }, 0)
-                .is_ok_and(|seen| seen.frontend == ours)
+    let kinds: BTreeSet<(u8, u8)> = jobs.iter().map(|j| kind(j.frontend)).collect();
+    // Each socket the socket LB sent to a removed backend of a job's frontend, with that job:
+    // a pod's own connection to the backend's address is in no `SVC_SOCKETS` record.
+    let mut stuck: Vec<(DiagSocket, &Job)> = Vec::new();
+    for (family, protocol) in kinds {
+        for socket in diag.dump(family, protocol)? {
+            let mut candidates = jobs.iter().filter(|j| kind(j.frontend) == (family, protocol));
+            if socket.state == LISTEN || !candidates.clone().any(|j| j.removed.contains(&socket.peer)) {
+                continue;
+            }
+            let key = SocketKey { cookie: socket.cookie, backend: backend_value(socket.peer), pad: 0 };
+            let Ok(seen) = sockets.get(&key, 0) else { continue };
+            if let Some(job) =
+                candidates.find(|j| j.removed.contains(&socket.peer) && seen.frontend == service_key(j.frontend))
+            {
+                stuck.push((socket, job));
+            }
+        }
+    }
+    let reconnects = |socket: &DiagSocket, job: &Job| {
+        job.reconnect && job.frontend.protocol == Protocol::Udp && socket.state == ESTABLISHED
     };
-    let stuck: Vec<DiagSocket> =
-        diag.dump(family, frontend.protocol.number())?.into_iter().filter(translated).collect();
+    let owners = owners(stuck.iter().filter(|(s, j)| reconnects(s, j)).map(|(socket, _)| socket.inode));
     let mut settled = Settled::default();
-    let udp = frontend.protocol == Protocol::Udp && may_reconnect;
-    let owners = if udp { owners(&stuck) } else { BTreeMap::new() };
-    for socket in &stuck {
+    for (socket, job) in &stuck {
         let key = SocketKey { cookie: socket.cookie, backend: backend_value(socket.peer), pad: 0 };
-        if udp && socket.state == ESTABLISHED {
-            match owners.get(&socket.inode).map(|&(pid, fd)| reconnect(pid, fd, socket.cookie, frontend)) {
+        if reconnects(socket, job) {
+            match owners.get(&socket.inode).map(|&(pid, fd)| reconnect(pid, fd, socket.cookie, job.frontend)) {
                 Some(Ok(())) => {
                     settled.reconnected += 1;
                     let _ = sockets.remove(&key);
@@ -127,6 +180,12 @@ fn settle_in(
         }
     }
     Ok(settled)
+}
+
+/// The sock_diag family and protocol of a frontend's sockets.
+fn kind(frontend: Frontend) -> (u8, u8) {
+    let family = if frontend.ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    (family, frontend.protocol.number())
 }
 
 /// Connects the socket `fd` of process `pid` to the frontend again (the connect hook picks),
@@ -193,9 +252,9 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     (storage, len as libc::socklen_t)
 }
 
-/// The (pid, fd) holding each socket of `stuck`, by inode, from `/proc/<pid>/fd`.
-fn owners(stuck: &[DiagSocket]) -> BTreeMap<u32, (i32, i32)> {
-    let wanted: BTreeSet<String> = stuck.iter().map(|s| format!("socket:[{}]", s.inode)).collect();
+/// The (pid, fd) holding each socket of `inodes`, by inode, from `/proc/<pid>/fd`.
+fn owners(inodes: impl Iterator<Item = u32>) -> BTreeMap<u32, (i32, i32)> {
+    let wanted: BTreeSet<String> = inodes.map(|inode| format!("socket:[{inode}]")).collect();
     let mut found = BTreeMap::new();
     if wanted.is_empty() {
         return found;
