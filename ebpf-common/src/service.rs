@@ -107,6 +107,8 @@ pub struct Affinity {
 
 /// Key of `SVC_SOCKETS`: a translated socket (`bpf_get_socket_cookie`) and the backend it
 /// talks to (a connected socket has one; an unconnected UDP socket one per backend it sent to).
+/// An IPv4 backend is keyed as IPv4 even for an `AF_INET6` socket that reaches it mapped
+/// (`::ffff:a.b.c.d`), so readers and the writer's settling know one form of it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SocketKey {

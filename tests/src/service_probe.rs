@@ -21,7 +21,8 @@ use crate::{cgroup::TestCgroup, lan::LanPod, traffic::in_netns};
 pub const TCP_PORT: u16 = 8080;
 pub const UDP_PORT: u16 = 5353;
 
-/// The client: one mode per argument list, one JSON line per result.
+/// The client: one mode per argument list, one JSON line per result. A host with a colon gets an
+/// `AF_INET6` socket with `IPV6_V6ONLY` off, so `::ffff:<IPv4>` dials IPv4 through it.
 pub const CLIENT: &str = r#"
 import json, socket, sys, time
 mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -29,10 +30,15 @@ fam = socket.AF_INET6 if ':' in host else socket.AF_INET
 def out(**kw): print(json.dumps(kw), flush=True)
 def peer(s): a = s.getpeername(); return "[%s]:%d" % a[:2] if fam == socket.AF_INET6 else "%s:%d" % a[:2]
 def fmt(a): return "[%s]:%d" % a[:2] if fam == socket.AF_INET6 else "%s:%d" % a[:2]
+def mk(kind):
+    # Dual-stack, as Java and other runtimes open theirs: ::ffff:<IPv4> reaches IPv4.
+    s = socket.socket(fam, kind)
+    if fam == socket.AF_INET6: s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    return s
 t = time.monotonic()
 try:
     if mode in ("tcp", "tcp-hold"):
-        s = socket.socket(fam, socket.SOCK_STREAM); s.settimeout(3)
+        s = mk(socket.SOCK_STREAM); s.settimeout(3)
         s.connect((host, port)); s.sendall(b"q")
         out(peer=peer(s), reply=s.recv(64).decode())
         if mode == "tcp-hold":
@@ -40,7 +46,7 @@ try:
             try: d = s.recv(64); out(ended="eof" if not d else "data", ms=(time.monotonic() - t) * 1000)
             except OSError as e: out(ended=e.errno, ms=(time.monotonic() - t) * 1000)
     elif mode == "udp":
-        s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(0.2); s.connect((host, port))
+        s = mk(socket.SOCK_DGRAM); s.settimeout(0.2); s.connect((host, port))
         for _ in range(int(sys.argv[4])):
             try: s.send(b"q"); out(peer=peer(s), reply=s.recv(64).decode())
             except socket.timeout: out(timeout=True)
@@ -52,7 +58,7 @@ try:
         for _ in range(int(sys.argv[4])):
             t, tries = time.monotonic(), 0
             while True:
-                s = socket.socket(fam, socket.SOCK_STREAM); s.settimeout(1)
+                s = mk(socket.SOCK_STREAM); s.settimeout(1)
                 try:
                     s.connect((host, port)); s.sendall(b"q"); r = s.recv(64).decode()
                     if not r: raise OSError(0, "closed without a reply")
@@ -63,7 +69,7 @@ try:
                 finally: s.close()
             time.sleep(float(sys.argv[5]))
     elif mode == "udp-unconnected":
-        s = socket.socket(fam, socket.SOCK_DGRAM); s.settimeout(2); s.sendto(b"q", (host, port))
+        s = mk(socket.SOCK_DGRAM); s.settimeout(2); s.sendto(b"q", (host, port))
         d, a = s.recvfrom(64); out(source=fmt(a), reply=d.decode())
 except OSError as e:
     out(error=e.errno, ms=(time.monotonic() - t) * 1000)

@@ -12,6 +12,8 @@ use super::{
 /// These hooks cannot refuse: 1 is their only valid verdict.
 const ALLOW: i32 = 1;
 
+/// An `AF_INET6` socket on an IPv4 backend (mapped) finds it under its IPv4 form, as the
+/// connect stored it, and sees the frontend mapped (`addr.rs`).
 #[inline(always)]
 pub fn reverse(ctx: &SockAddrContext, family: u8, event: ServiceEvent) -> i32 {
     let backend = addr::read(ctx, family);
@@ -19,10 +21,10 @@ pub fn reverse(ctx: &SockAddrContext, family: u8, event: ServiceEvent) -> i32 {
     let cookie = unsafe { helpers::bpf_get_socket_cookie(ctx.as_ptr()) };
     // SAFETY: copied at once.
     if let Some(seen) = unsafe { SVC_SOCKETS.get(SocketKey { cookie, backend, pad: 0 }).copied() }
-        && seen.frontend.family == family
+        && seen.frontend.family == backend.family
     {
         let f = seen.frontend;
-        addr::write(ctx, family, &ebpf_common::Backend { addr: f.addr, port: f.port, family, pad: 0 });
+        addr::write(ctx, family, &ebpf_common::Backend { addr: f.addr, port: f.port, family: f.family, pad: 0 });
         count(event);
     }
     ALLOW

@@ -23,20 +23,26 @@ pub fn translate(ctx: &SockAddrContext, family: u8, event: ServiceEvent) -> i32 
     if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
         return ALLOW;
     }
+    // An IPv4-mapped address reads as IPv4 (`addr.rs`): an `AF_INET6` socket connecting to
+    // `::ffff:<ClusterIP>` gets the IPv4 Service, as an `AF_INET` socket would. (Its unconnected
+    // sends to one never reach sendmsg6: the kernel hands them to its IPv4 path, whose sendmsg4
+    // hook sees a plain IPv4 address.)
     let addressed = addr::read(ctx, family);
-    let frontend = ServiceKey { addr: addressed.addr, port: addressed.port, protocol: protocol as u8, family };
+    let frontend =
+        ServiceKey { addr: addressed.addr, port: addressed.port, protocol: protocol as u8, family: addressed.family };
     let mut picked = pick(ctx, &frontend);
     // A NodePort is keyed "any node address" (address zero): a pod or the node calling its
     // own node's NodePort (hairpin) gets it here, without a packet to translate.
-    if matches!(picked, Pick::NotAService) && is_node_address(family, &addressed.addr) {
+    if matches!(picked, Pick::NotAService) && is_node_address(addressed.family, &addressed.addr) {
         picked = pick(ctx, &ServiceKey { addr: [0; 16], ..frontend });
     }
     match picked {
         Pick::NotAService => ALLOW,
         Pick::NoEndpoint => refuse(),
         // The writer keeps a Service's backends of its own family; anything else is refused
-        // rather than written into the wrong fields.
-        Pick::To(backend) if backend.family != family => refuse(),
+        // rather than written into the wrong fields. An IPv4 backend of a mapped frontend is
+        // written mapped.
+        Pick::To(backend) if backend.family != addressed.family => refuse(),
         Pick::To(backend) => {
             addr::write(ctx, family, &backend);
             // SAFETY: a helper the sock_addr programs may call with their context.

@@ -6,7 +6,9 @@
 //!
 //! Found with sock_diag in every network namespace that has a process (sockets live in the
 //! pods' namespaces), and only those `SVC_SOCKETS` says the socket LB translated for this
-//! frontend: a pod's own connection to the backend's address is left alone.
+//! frontend: a pod's own connection to the backend's address is left alone. An IPv4 frontend's
+//! sockets include `AF_INET6` ones that dialled it IPv4-mapped (`::ffff:<ClusterIP>`, dual-stack
+//! runtimes): their peer is the backend mapped, which `SVC_SOCKETS` holds in its IPv4 form.
 //! - TCP: destroyed (`SOCK_DESTROY`): the backend, if alive, gets a RST, the application
 //!   `ECONNABORTED` at once instead of a hang.
 //! - Connected UDP: connected again to the Service, from here, on the application's own socket
@@ -18,7 +20,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs::File,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     os::{
         fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
         unix::fs::MetadataExt as _,
@@ -132,20 +134,21 @@ fn settle_in(netns: &PathBuf, sockets: &mut Sockets, jobs: &[Job]) -> anyhow::Re
     let ns = File::open(netns)?;
     setns(&ns, CloneFlags::CLONE_NEWNET).context("setns")?;
     let diag = Diag::open()?;
-    let kinds: BTreeSet<(u8, u8)> = jobs.iter().map(|j| kind(j.frontend)).collect();
+    let dumps: BTreeSet<(u8, u8)> = jobs.iter().flat_map(|j| kinds(j.frontend)).collect();
     // Each socket the socket LB sent to a removed backend of a job's frontend, with that job:
     // a pod's own connection to the backend's address is in no `SVC_SOCKETS` record.
     let mut stuck: Vec<(DiagSocket, &Job)> = Vec::new();
-    for (family, protocol) in kinds {
+    for (family, protocol) in dumps {
         for socket in diag.dump(family, protocol)? {
-            let mut candidates = jobs.iter().filter(|j| kind(j.frontend) == (family, protocol));
-            if socket.state == LISTEN || !candidates.clone().any(|j| j.removed.contains(&socket.peer)) {
+            let backend = backend_of(&socket);
+            let mut candidates = jobs.iter().filter(|j| kinds(j.frontend).contains(&(family, protocol)));
+            if socket.state == LISTEN || !candidates.clone().any(|j| j.removed.contains(&backend)) {
                 continue;
             }
-            let key = SocketKey { cookie: socket.cookie, backend: backend_value(socket.peer), pad: 0 };
+            let key = SocketKey { cookie: socket.cookie, backend: backend_value(backend), pad: 0 };
             let Ok(seen) = sockets.get(&key, 0) else { continue };
             if let Some(job) =
-                candidates.find(|j| j.removed.contains(&socket.peer) && seen.frontend == service_key(j.frontend))
+                candidates.find(|j| j.removed.contains(&backend) && seen.frontend == service_key(j.frontend))
             {
                 stuck.push((socket, job));
             }
@@ -157,9 +160,10 @@ fn settle_in(netns: &PathBuf, sockets: &mut Sockets, jobs: &[Job]) -> anyhow::Re
     let owners = owners(stuck.iter().filter(|(s, j)| reconnects(s, j)).map(|(socket, _)| socket.inode));
     let mut settled = Settled::default();
     for (socket, job) in &stuck {
-        let key = SocketKey { cookie: socket.cookie, backend: backend_value(socket.peer), pad: 0 };
+        let key = SocketKey { cookie: socket.cookie, backend: backend_value(backend_of(socket)), pad: 0 };
         if reconnects(socket, job) {
-            match owners.get(&socket.inode).map(|&(pid, fd)| reconnect(pid, fd, socket.cookie, job.frontend)) {
+            let to = dialled(job.frontend, socket.family);
+            match owners.get(&socket.inode).map(|&(pid, fd)| reconnect(pid, fd, socket.cookie, to)) {
                 Some(Ok(())) => {
                     settled.reconnected += 1;
                     let _ = sockets.remove(&key);
@@ -182,17 +186,34 @@ fn settle_in(netns: &PathBuf, sockets: &mut Sockets, jobs: &[Job]) -> anyhow::Re
     Ok(settled)
 }
 
-/// The sock_diag family and protocol of a frontend's sockets.
-fn kind(frontend: Frontend) -> (u8, u8) {
-    let family = if frontend.ip.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
-    (family, frontend.protocol.number())
+/// The sock_diag families and protocol of a frontend's sockets: an IPv4 frontend's include
+/// `AF_INET6` sockets that dialled it mapped.
+fn kinds(frontend: Frontend) -> Vec<(u8, u8)> {
+    let protocol = frontend.protocol.number();
+    let v6 = (libc::AF_INET6 as u8, protocol);
+    if frontend.ip.is_ipv4() { vec![(libc::AF_INET as u8, protocol), v6] } else { vec![v6] }
 }
 
-/// Connects the socket `fd` of process `pid` to the frontend again (the connect hook picks),
+/// The backend a socket is on, as the writer names it: an `AF_INET6` socket's IPv4-mapped peer
+/// as the IPv4 address it carries.
+fn backend_of(socket: &DiagSocket) -> SocketAddr {
+    SocketAddr::new(socket.peer.ip().to_canonical(), socket.peer.port())
+}
+
+/// The frontend as a socket of `family` dialled it: an IPv4 one mapped for `AF_INET6`, so the
+/// socket is connected again the way its application did (through the IPv6 connect hook).
+fn dialled(frontend: Frontend, family: u8) -> SocketAddr {
+    match frontend.ip {
+        IpAddr::V4(v4) if family == libc::AF_INET6 as u8 => SocketAddr::new(v4.to_ipv6_mapped().into(), frontend.port),
+        ip => SocketAddr::new(ip, frontend.port),
+    }
+}
+
+/// Connects the socket `fd` of process `pid` to its frontend `to` again (the connect hook picks),
 /// once the descriptor duplicated is known to be that very socket: between the scan of
 /// `/proc/<pid>/fd` and `pidfd_getfd` the process may have put another file at `fd` (a blocking
 /// TCP socket would hold this thread for minutes), or the pid may be another process's.
-fn reconnect(pid: i32, fd: i32, cookie: u64, frontend: Frontend) -> anyhow::Result<()> {
+fn reconnect(pid: i32, fd: i32, cookie: u64, to: SocketAddr) -> anyhow::Result<()> {
     // SAFETY: plain syscalls; each descriptor is owned once returned.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     anyhow::ensure!(pidfd >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
@@ -204,7 +225,7 @@ fn reconnect(pid: i32, fd: i32, cookie: u64, frontend: Frontend) -> anyhow::Resu
         && socket_option::<libc::c_int>(&dup, libc::SO_TYPE) == Some(libc::SOCK_DGRAM)
         && socket_option::<libc::c_int>(&dup, libc::SO_PROTOCOL) == Some(libc::IPPROTO_UDP);
     anyhow::ensure!(same, "descriptor {fd} of process {pid} is no longer that UDP socket");
-    let (storage, len) = sockaddr(SocketAddr::new(frontend.ip, frontend.port));
+    let (storage, len) = sockaddr(to);
     // SAFETY: a valid sockaddr of `len` bytes.
     let rc = unsafe { libc::connect(dup.as_raw_fd(), (&raw const storage).cast(), len) };
     anyhow::ensure!(rc == 0, "connect: {}", std::io::Error::last_os_error());
@@ -292,4 +313,18 @@ fn namespaces() -> Vec<PathBuf> {
         .map(|(_, dir)| dir.join("ns/net"))
         .filter(|path| std::fs::metadata(path).is_ok_and(|m| seen.insert((m.dev(), m.ino()))))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_socket_is_connected_again_to_the_ipv4_frontend_mapped() {
+        let frontend = Frontend { ip: "10.96.0.10".parse().unwrap(), port: 53, protocol: Protocol::Udp };
+        assert_eq!(dialled(frontend, libc::AF_INET6 as u8), "[::ffff:10.96.0.10]:53".parse().unwrap());
+        assert_eq!(dialled(frontend, libc::AF_INET as u8), "10.96.0.10:53".parse().unwrap());
+        let v6 = Frontend { ip: "fd00:96::10".parse().unwrap(), ..frontend };
+        assert_eq!(dialled(v6, libc::AF_INET6 as u8), "[fd00:96::10]:53".parse().unwrap());
+    }
 }
