@@ -23,33 +23,34 @@ const ECHO_REQUEST: u8 = 8;
 /// ICMP header: type, code, checksum, 4 more bytes; the quoted packet follows.
 const ICMP_HEADER_LEN: usize = 8;
 
-/// The packet an ICMP error quotes, as far as its flow goes.
-struct Quoted {
+/// The packet an ICMP error quotes, as far as its flow goes (also read by the Service
+/// programs' `service/icmp_error.rs`).
+pub struct Quoted {
     /// Offset of the ICMP header, of the quoted IPv4 header and of the quoted L4 header.
-    l4: usize,
-    inner_at: usize,
-    inner_l4: usize,
-    inner: Ipv4Hdr,
+    pub l4: usize,
+    pub inner_at: usize,
+    pub inner_l4: usize,
+    pub inner: Ipv4Hdr,
     /// The quoted L4 header's first 8 bytes (all an error must quote).
-    head: [u8; 8],
+    pub head: [u8; 8],
     /// Where the quoted packet keeps its source port (an echo request: its identifier).
-    port_at: usize,
-    src_port: u16,
-    dst_port: u16,
+    pub port_at: usize,
+    pub src_port: u16,
+    pub dst_port: u16,
 }
 
 impl Quoted {
     /// The key of the flow the error is about, in the direction the error travels: the
     /// quoted packet's reply (an echo request's identifier as the reply's destination port).
     #[inline(always)]
-    fn reply_key(&self) -> FlowKey {
+    pub fn reply_key(&self) -> FlowKey {
         flow::key(self.inner.proto, self.inner.dst_addr, self.dst_port, self.inner.src_addr, self.src_port)
     }
 }
 
 /// The quoted packet of an ICMP error about a TCP, UDP or echo flow; `None` for anything else.
 #[inline(always)]
-fn quoted(ctx: &TcContext) -> Option<Quoted> {
+pub fn quoted(ctx: &TcContext) -> Option<Quoted> {
     let ip: Ipv4Hdr = ctx.load(IP_OFFSET).ok()?;
     if ip.proto != PROTO_ICMP || u16::from_be_bytes(ip.frags) & flow::FRAGMENT_BITS != 0 {
         return None;

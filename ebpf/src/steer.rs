@@ -153,6 +153,24 @@ pub fn answers_outside(key: &FlowKey, owner: u64, tcp_flags: u8) -> bool {
     true
 }
 
+/// Whether `owner`'s pod's ICMP error about the flow `key` (the quoted packet's reply, the way
+/// the error travels) is about a flow opened from outside towards its own address, as
+/// [`answers_outside`] would say of a reply (a port unreachable is often a pod's only answer).
+/// Read only: an error neither confirms nor refreshes the record.
+#[inline(always)]
+pub fn errs_on_outside_flow(key: &FlowKey, owner: u64) -> bool {
+    // SAFETY: copied at once.
+    let Some(entry) = (unsafe { maps::FLOWS.get(key).copied() }) else { return false };
+    // SAFETY: plain helper call.
+    let idle = unsafe { bpf_ktime_get_ns() }.saturating_sub(entry.last_seen_ns);
+    let window = if entry.flags & FLOW_CONFIRMED == 0 {
+        FLOW_CONFIRM_WINDOW_NS
+    } else {
+        flow_timeout(key.protocol, entry.flags)
+    };
+    entry.owner == owner && entry.flags & FLOW_FROM_OUTSIDE != 0 && idle <= window
+}
+
 /// # Safety
 /// `entry` must point at a `FLOWS` value obtained in this program run.
 #[inline(always)]

@@ -11,7 +11,7 @@
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, FAST_PATH_MARK, ForwardPath, IpKey};
 
-use crate::{config, flow, fragments, maps, node_echoes, packet, snat, stack_epoch, steer};
+use crate::{config, flow, fragments, icmp_error, maps, node_echoes, packet, snat, stack_epoch, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -48,8 +48,16 @@ pub fn egress(ctx: &TcContext) -> i32 {
             unsafe { stack_epoch::mark(pod) };
             return packet::PASS;
         }
-        // SAFETY: a hash map value, valid while this program runs.
-        Err(DropReason::NatUntranslatable) => return fragments::egress(ctx, unsafe { (*pod).owner }),
+        Err(DropReason::NatUntranslatable) => {
+            // SAFETY: a hash map value, valid while this program runs.
+            let owner = unsafe { (*pod).owner };
+            // The pod's ICMP error about a flow opened from outside to its own address (a Service
+            // flow from another node's `svc_from_uplink`, say): it leaves as that flow's replies do.
+            if icmp_error::flow_key(ctx).is_some_and(|key| steer::errs_on_outside_flow(&key, owner)) {
+                return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
+            }
+            return fragments::egress(ctx, owner);
+        }
         Err(reason) => return maps::drop(ctx, reason),
     };
     // SAFETY: a hash map value, valid while this program runs.

@@ -9,11 +9,12 @@
 //! egress) over our own connection tracking `ct.rs`, with `frontend.rs` (which frontend, which
 //! backend), `open.rs` (a new flow), `share.rs` (one client's share), `snat_port.rs` (ports
 //! towards remote backends), `xlate.rs` (the rewrite) and `reject.rs` (a frontend without
-//! endpoint answers); IPv6's `nodeport6.rs`, `xlate6.rs`, `reject6.rs` (its replies out:
+//! endpoint answers), `icmp_error.rs` (ICMP errors about those flows); IPv6's `nodeport6.rs`, `xlate6.rs`, `reject6.rs` (its replies out:
 //! `reply.rs` too).
 pub mod addr;
 pub mod ct;
 pub mod frontend;
+pub mod icmp_error;
 pub mod maps;
 pub mod nodeport;
 pub mod nodeport6;

@@ -13,12 +13,15 @@
 //!    FIN goes to the node's stack, which has no socket there and answers as for any port.
 //! 4. A frontend without endpoint answers at once (`reject.rs`).
 //!
+//! 5. An ICMP error quoting a packet of a tracked flow is translated for the other side
+//!    (`icmp_error.rs`).
+//!
 //! Everything else passes on to `from_uplink` (`TC_ACT_UNSPEC`), untouched.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
+use ebpf_common::{DatapathConfig, IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
 
 use super::{
-    ct, frontend,
+    ct, frontend, icmp_error,
     maps::REJECT_V4,
     open::{Opened, open},
     reject, xlate,
@@ -33,22 +36,14 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     if !flow::is_ipv4(ctx) || !super::for_this_host(ctx) {
         return packet::PASS;
     }
-    let Ok(flow) = Flow::parse(ctx) else { return packet::PASS };
+    // Without ports: an ICMP error may be about a translated flow (`icmp_error.rs`).
+    let Ok(flow) = Flow::parse(ctx) else { return icmp_error::from_lan(ctx) };
     // Fragmented datagrams are the stack's (a later fragment has no ports to find a flow by).
     if flow.protocol != PROTO_TCP && flow.protocol != PROTO_UDP || flow.first_fragment {
         return packet::PASS;
     }
     let config = config::get();
-    // A source of this node's pods (its subnet, a local endpoint) is forged here:
-    // `from_uplink` drops it. The endpoint lookup only for cluster sources, as there.
-    // Nor is a client the node itself, "this network" (0/8), multicast, broadcast or class E:
-    // a backend must never take a packet from the LAN for one of the node's own.
-    if config.in_node_pods(flow.src)
-        || flow.src == config.node_ipv4
-        || flow.src[0] == 0
-        || flow.src[0] >= 224
-        || config.in_cluster(flow.src) && maps::ENDPOINTS.get_ptr(&IpKey::v4(flow.src)).is_some()
-    {
+    if !lan_source(config, flow.src) {
         return packet::PASS;
     }
     let key = flow.key();
@@ -68,4 +63,18 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         Opened::Drop(reason) => maps::drop(ctx, reason),
         Opened::Reject => reject::tail(ctx, REJECT_V4),
     }
+}
+
+/// Whether `src` may be a peer on the LAN. A source of this node's pods (its subnet, a local
+/// endpoint) is forged here: `from_uplink` drops it. The endpoint lookup only for cluster
+/// sources, as there. Nor is a peer the node itself, "this network" (0/8), multicast,
+/// broadcast or class E: a backend must never take a packet from the LAN for one of the node's
+/// own.
+#[inline(always)]
+pub fn lan_source(config: &DatapathConfig, src: [u8; 4]) -> bool {
+    !(config.in_node_pods(src)
+        || src == config.node_ipv4
+        || src[0] == 0
+        || src[0] >= 224
+        || config.in_cluster(src) && maps::ENDPOINTS.get_ptr(&IpKey::v4(src)).is_some())
 }

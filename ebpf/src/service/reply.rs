@@ -1,12 +1,13 @@
 //! `svc_to_uplink`, before `to_uplink` on the uplink's egress: a local backend's reply to a flow
 //! `svc_from_uplink` translated leaves as the frontend (source → the NodePort, LoadBalancer IP
 //! or externalIP the client addressed). Only packets from this node's pods that match a reply
-//! entry are touched; anything else (not matching the state) goes on to `to_uplink` as it is.
+//! entry are touched (and their ICMP errors about such flows: `icmp_error.rs`); anything else
+//! (not matching the state) goes on to `to_uplink` as it is.
 //! `svc_to_uplink6` (`egress6`) does the same for IPv6.
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{ForwardPath, SVC_CT_REPLY};
 
-use super::{ct, xlate, xlate6};
+use super::{ct, icmp_error, xlate, xlate6};
 use crate::{
     config,
     flow::{self, Flow, PROTO_TCP, PROTO_UDP},
@@ -22,7 +23,8 @@ pub fn egress(ctx: &TcContext) -> i32 {
     if !config::get().in_node_pods(src) {
         return packet::PASS;
     }
-    let Ok(flow) = Flow::parse(ctx) else { return packet::PASS };
+    // Without ports: an ICMP error may be about a translated flow (`icmp_error.rs`).
+    let Ok(flow) = Flow::parse(ctx) else { return icmp_error::from_backend(ctx, src) };
     if flow.protocol != PROTO_TCP && flow.protocol != PROTO_UDP {
         return packet::PASS;
     }
