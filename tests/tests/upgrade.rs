@@ -1,5 +1,6 @@
-//! An upgrade while pods run (design.md, "Upgrades"): a node whose pods the previous release
-//! (`EBPF_CNI_BASE_BIN`, built by `cargo xtask test` from git history) added gets this build.
+//! An upgrade while pods run (design.md, "Upgrades"): a node whose pods the previous layout's
+//! release (`EBPF_CNI_BASE_BIN`, 52899e9, v3, built by `cargo xtask test` from git history)
+//! added gets this build (`upgrade_same_layout.rs` upgrades from the previous release, v4).
 //! Its pods keep their traffic while it happens (a ping every 50 ms to the outside loses
 //! nothing, a long TCP connection and a masqueraded UDP flow keep going); this build's ADD,
 //! CHECK, GC and DEL handle the old pods and new ones beside them on the datapath already
