@@ -25,6 +25,7 @@ pub mod service_probe;
 pub mod service_set;
 mod testbed;
 pub mod traffic;
+pub mod upgrade;
 
 pub use cluster::{
     Cluster, EXT_SERVER, EXT_SERVER_V6, EXT_UPLINK_IP, EXT_UPLINK_IPV6, NODE1_UPLINK_IP, NODE1_UPLINK_IPV6,

@@ -1,5 +1,6 @@
-//! An upgrade while pods run (design.md, "Upgrades"): a node whose pods the previous release
-//! (`EBPF_CNI_BASE_BIN`, built by `cargo xtask test` from git history) added gets this build.
+//! An upgrade while pods run (design.md, "Upgrades"): a node whose pods the previous layout's
+//! release (`EBPF_CNI_BASE_BIN`, 52899e9, v3, built by `cargo xtask test` from git history)
+//! added gets this build (`upgrade_same_layout.rs` upgrades from the previous release, v4).
 //! Its pods keep their traffic while it happens (a ping every 50 ms to the outside loses
 //! nothing, a long TCP connection and a masqueraded UDP flow keep going); this build's ADD,
 //! CHECK, GC and DEL handle the old pods and new ones beside them on the datapath already
@@ -7,115 +8,27 @@
 //! are gone, GC removes its pins, the next ADD loads this build's layout, and nothing is left
 //! behind.
 use std::{
-    io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddrV4, TcpStream},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, ensure};
 use ebpf_cni_tests::{
     Cluster, EXT_SERVER, NODE1_UPLINK_IP, Plugin, Testbed, crash, require_privileges, run_in,
     runtime::{Runtime, Sandbox},
-    traffic,
+    upgrade::{PINGS, UdpFlow, address, finish_pings, release_plugin, start_pings, start_tcp_conversation},
 };
 use serde_json::{Value, json};
 
-/// The pings of the upgrade window: one every 50 ms for 3 s, longer than the upgrade's steps.
-const PINGS: u32 = 60;
-/// The long TCP connection exchanges a message this often.
-const TCP_EVERY: Duration = Duration::from_millis(20);
 /// The pin directory of the base release's layout (`EBPF_CNI_BASE_BIN`, 52899e9: v3).
 const PREVIOUS_LAYOUT: &str = "v3";
 
-/// The previous release's binary, or `None` (then the test is skipped, except under CI).
+/// The previous layout's release, or `None` (then the test is skipped, except under CI).
 fn base_plugin(test: &str) -> Option<Plugin> {
-    match std::env::var_os("EBPF_CNI_BASE_BIN") {
-        Some(path) => Some(Plugin { binary: PathBuf::from(path) }),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("{test}: EBPF_CNI_BASE_BIN is not set (`cargo xtask test` builds it) and CI=true forbids skipping")
-        }
-        None => {
-            eprintln!("SKIPPED {test}: EBPF_CNI_BASE_BIN is not set (`cargo xtask test` builds it)");
-            None
-        }
-    }
-}
-
-/// A ping every 50 ms from `netns` to `to`, `PINGS` of them, run in the background.
-fn start_pings(netns: &str, to: &str) -> Result<Child> {
-    let count = PINGS.to_string();
-    Command::new("ip")
-        .args(["netns", "exec", netns, "ping", "-q", "-n", "-i", "0.05", "-W", "1", "-c", &count, to])
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting ping")
-}
-
-/// Waits for the pings and returns (sent, answered) from ping's summary.
-fn finish_pings(ping: Child) -> Result<(u32, u32)> {
-    let out = ping.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.contains("packets transmitted")).context("no ping summary")?;
-    let numbers: Vec<u32> = line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
-    ensure!(numbers.len() >= 2, "unreadable ping summary: {line}");
-    Ok((numbers[0], numbers[1]))
-}
-
-/// Segments the connection's sender had to send again: any is a segment lost on the way.
-fn retransmitted(stream: &TcpStream) -> Result<u32> {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: an all-zero `tcp_info` is valid; the kernel fills at most `len` bytes of it.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: a valid socket and a buffer of `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(stream.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &mut len)
-    };
-    ensure!(rc == 0, "TCP_INFO: {}", std::io::Error::last_os_error());
-    Ok(info.tcpi_total_retrans)
-}
-
-/// An echo server in the external namespace and one connection to it from `netns`, exchanging
-/// a message every [`TCP_EVERY`] until `stop`; the thread returns how many exchanges completed
-/// and how many segments the client retransmitted.
-fn start_tcp_conversation(netns: &str, ext: &str, stop: Arc<AtomicBool>) -> Result<JoinHandle<Result<(u32, u32)>>> {
-    let at = SocketAddrV4::new(EXT_SERVER.parse()?, 7007);
-    let listener = traffic::tcp_listener(ext, at)?;
-    std::thread::spawn(move || -> Result<()> {
-        let (mut stream, _) = listener.accept()?;
-        let mut buf = [0u8; 16];
-        loop {
-            let n = stream.read(&mut buf)?;
-            if n == 0 {
-                return Ok(());
-            }
-            stream.write_all(&buf[..n])?;
-        }
-    });
-    let mut stream: TcpStream = traffic::tcp_connect(netns, 0, at)?;
-    Ok(std::thread::spawn(move || {
-        let mut exchanges = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            stream.write_all(b"still there?")?;
-            let mut buf = [0u8; 12];
-            stream.read_exact(&mut buf).context("the long TCP connection stopped answering")?;
-            exchanges += 1;
-            std::thread::sleep(TCP_EVERY);
-        }
-        Ok((exchanges, retransmitted(&stream)?))
-    }))
-}
-
-fn address(result: &Value) -> String {
-    let cidr = result["ips"][0]["address"].as_str().unwrap_or_default();
-    cidr.split('/').next().unwrap_or_default().to_string()
+    release_plugin("EBPF_CNI_BASE_BIN", test)
 }
 
 #[test]
@@ -142,19 +55,8 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     let ns = |pod: usize| tb.pods[pod].netns.name.clone();
 
     // Traffic running across the upgrade: a masqueraded UDP flow, a long TCP connection, pings.
-    let server = traffic::udp_socket(&ext, SocketAddrV4::new(EXT_SERVER.parse().unwrap(), 5353)).unwrap();
-    let client = traffic::udp_socket(&ns(old_a), SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).unwrap();
-    client.connect(SocketAddrV4::new(EXT_SERVER.parse().unwrap(), 5353)).unwrap();
-    let exchange = || {
-        client.send(b"ping").unwrap();
-        let (from, _) = traffic::recv_udp(&server).unwrap();
-        server.send_to(b"pong", from).unwrap();
-        let mut buf = [0u8; 8];
-        let n = client.recv(&mut buf).expect("the flow opened before the upgrade lost its replies");
-        assert_eq!(&buf[..n], b"pong");
-        from
-    };
-    let before = exchange();
+    let flow = UdpFlow::open(&ns(old_a), &ext).unwrap();
+    let before = flow.exchange();
     assert_eq!(before.ip().to_string(), NODE1_UPLINK_IP);
     let stop = Arc::new(AtomicBool::new(false));
     let conversation = start_tcp_conversation(&ns(old_a), &ext, stop.clone()).unwrap();
@@ -174,7 +76,7 @@ fn pods_of_the_previous_release_keep_working_across_an_upgrade() {
     assert!(gc.iter().all(|out| out.success), "GC with every pod valid: {gc:?}");
     assert_eq!(tb.host_veths().unwrap().len(), 4, "GC removed a valid pod");
     rt.del(&list, &sandboxes[old_c]).unwrap();
-    assert_eq!(exchange(), before, "the open flow changed its masquerade port");
+    assert_eq!(flow.exchange(), before, "the open flow changed its masquerade port");
     for (from, to, what) in [
         (ns(fresh), ip_a.as_str(), "new pod → old pod"),
         (ns(old_b), ip_fresh.as_str(), "old pod → new pod"),

@@ -38,6 +38,9 @@ enum Task {
         #[arg(long)]
         hold: bool,
     },
+    /// Build the earlier releases the upgrade tests start from (once; cached under
+    /// `target/upgrade-base/`) and print the variables that point the tests at them.
+    UpgradeBases,
     /// Benchmarks against the reference bridge plugin (arguments go to the bench binary).
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -68,16 +71,22 @@ fn run(task: Task) -> Result<()> {
         Task::Test => {
             setup::run()?;
             let plugin = cmd::build_plugin(false)?;
-            let base = upgrade_base::build()?;
+            let bases = upgrade_base::build_all()?;
             let libcni = libcni_runtime::build()?;
             cmd::cargo(&["fmt", "--all", "--", "--check"])?;
             let env = [("EBPF_CNI_BIN", plugin.as_os_str())];
-            let test_env =
-                [env[0], ("EBPF_CNI_BASE_BIN", base.as_os_str()), ("EBPF_CNI_LIBCNI_RUNTIME", libcni.as_os_str())];
+            let mut test_env = vec![env[0], ("EBPF_CNI_LIBCNI_RUNTIME", libcni.as_os_str())];
+            test_env.extend(bases.iter().map(|(name, path)| (*name, path.as_os_str())));
             eprintln!("running every test…");
             cmd::cargo_with_env(&["test", "--no-fail-fast"], &test_env)?;
             eprintln!("running the benchmarks in smoke mode…");
             cmd::cargo_with_env(&["run", "--quiet", "--package", "bench", "--", "--smoke"], &env)
+        }
+        Task::UpgradeBases => {
+            for (name, path) in upgrade_base::build_all()? {
+                println!("{name}={}", path.display());
+            }
+            Ok(())
         }
         Task::Demo { hold } => {
             demo::require_root()?;
