@@ -13,6 +13,7 @@ mod hold;
 mod iperf;
 mod masquerade;
 mod proc;
+mod prog_cost;
 mod qperf;
 mod report;
 mod service;
@@ -22,6 +23,7 @@ mod service_sync;
 mod sockperf;
 mod stats;
 mod topology;
+mod uplink;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -80,15 +82,18 @@ enum Section {
     Service,
     /// `from_pod`'s cost for a pod before, while and after it serves a Service (ebpf-cni only).
     ServiceAftermath,
+    /// The uplink's programs per packet with and without kubeProxyReplacement (ebpf-cni only).
+    Uplink,
 }
 
 /// What runs when `--only` is not given.
-const DEFAULT_SECTIONS: [Section; 7] = [
+const DEFAULT_SECTIONS: [Section; 8] = [
     Section::Datapath,
     Section::Datapath6,
     Section::Masquerade,
     Section::Service,
     Section::ServiceAftermath,
+    Section::Uplink,
     Section::Control,
     Section::ControlFullMaps,
 ];
@@ -107,6 +112,8 @@ pub struct Settings {
     pub services: usize,
     /// EndpointSlice changes timed per round.
     pub service_changes: usize,
+    /// Repeats of one `BPF_PROG_TEST_RUN` timing (the uplink section's).
+    pub prog_runs: u32,
 }
 
 /// Errors as one line with their causes, without the backtrace anyhow's Debug form adds when
@@ -150,6 +157,7 @@ fn run_bench(cli: Cli) -> Result<()> {
             batch: 2,
             services: 500,
             service_changes: 5,
+            prog_runs: 10_000,
         }
     } else {
         Settings {
@@ -160,6 +168,7 @@ fn run_bench(cli: Cli) -> Result<()> {
             batch: 10,
             services: 10_000,
             service_changes: 50,
+            prog_runs: 1_000_000,
         }
     };
     if !cli.smoke && cli.rounds < 5 {
@@ -185,6 +194,9 @@ fn run_bench(cli: Cli) -> Result<()> {
     }
     if wanted(Section::ServiceAftermath) {
         figures.extend(service_aftermath::run(&settings, &ours)?);
+    }
+    if wanted(Section::Uplink) {
+        figures.extend(uplink::run(&settings, &ours)?);
     }
     if wanted(Section::Control) {
         figures.extend(control::run(&settings, &ours)?);

@@ -119,7 +119,18 @@ impl Lan {
         subnets: [&str; 2],
         ipv6: Option<Ipv6Plan>,
     ) -> Result<Self> {
-        let plugin = Plugin::from_env()?;
+        Self::with_plugin(tag, pod_network, cluster_cidr, subnets, ipv6, Plugin::from_env()?)
+    }
+
+    /// Like [`Self::new`] with the binary `plugin` (the benchmarks bring their own).
+    pub fn with_plugin(
+        tag: &str,
+        pod_network: PodNetwork,
+        cluster_cidr: &str,
+        subnets: [&str; 2],
+        ipv6: Option<Ipv6Plan>,
+        plugin: Plugin,
+    ) -> Result<Self> {
         let mut nodes = [
             Testbed::with_plugin(&format!("{tag}1"), subnets[0], plugin.clone())?,
             Testbed::with_plugin(&format!("{tag}2"), subnets[1], plugin)?,

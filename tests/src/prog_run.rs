@@ -32,8 +32,23 @@ pub fn run_arrived(tb: &Testbed, name: &str, ifname: &str, arrived_on: &str, fra
 /// in the kernel: the verdict and the mean time of one run, the program's own cost per packet.
 /// State the program writes persists from run to run, as for a flow's packets.
 pub fn time(tb: &Testbed, name: &str, ifname: &str, frame: Vec<u8>, repeat: u32) -> anyhow::Result<(u32, Duration)> {
-    let (verdict, _, mean) = run_repeated(tb, name, ifname, None, frame, repeat)?;
-    Ok((verdict, mean))
+    let (verdict, _, times) = run_repeated(tb, name, ifname, None, frame, repeat, 1)?;
+    Ok((verdict, times[0]))
+}
+
+/// Runs the pinned program `name` on `frame` `runs` times, each run on a fresh copy of the frame
+/// (one `BPF_PROG_TEST_RUN` of one repeat each): the verdict, the frame as the first run left it,
+/// and each run's time. For a program that rewrites the frame: [`time`]'s repeats all run on the
+/// one buffer, so from the second on they would time the rewritten frame's path instead. A run's
+/// time includes the kernel's clock read around it.
+pub fn time_each(
+    tb: &Testbed,
+    name: &str,
+    ifname: &str,
+    frame: Vec<u8>,
+    runs: usize,
+) -> anyhow::Result<(u32, Vec<u8>, Vec<Duration>)> {
+    run_repeated(tb, name, ifname, None, frame, 1, runs)
 }
 
 fn try_run_arrived(
@@ -43,10 +58,12 @@ fn try_run_arrived(
     arrived_on: Option<&str>,
     frame: Vec<u8>,
 ) -> anyhow::Result<(u32, Vec<u8>)> {
-    let (verdict, out, _) = run_repeated(tb, name, ifname, arrived_on, frame, 1)?;
+    let (verdict, out, _) = run_repeated(tb, name, ifname, arrived_on, frame, 1, 1)?;
     Ok((verdict, out))
 }
 
+/// `runs` test runs of `repeat` repeats each; every run must give the same verdict. The frame
+/// the first run left, and each run's mean time.
 fn run_repeated(
     tb: &Testbed,
     name: &str,
@@ -54,10 +71,12 @@ fn run_repeated(
     arrived_on: Option<&str>,
     frame: Vec<u8>,
     repeat: u32,
-) -> anyhow::Result<(u32, Vec<u8>, Duration)> {
+    runs: usize,
+) -> anyhow::Result<(u32, Vec<u8>, Vec<Duration>)> {
     let pin = tb.loaded_version_dir().join("progs").join(name);
     let ifname = CString::new(ifname).unwrap();
     let arrived_on = arrived_on.map(|name| CString::new(name).unwrap());
+    let name = name.to_string();
     in_netns(&tb.node.name, move || {
         // The devices are looked up in the caller's namespace: the node's.
         // SAFETY: NUL-terminated names.
@@ -74,16 +93,31 @@ fn run_repeated(
             ctx[36..40].copy_from_slice(&ingress.to_ne_bytes());
         }
         let program = SchedClassifier::from_pin(&pin)?;
-        let mut out = vec![0u8; frame.len() + 64];
-        let result = program.test_run(TestRunOptions {
-            data_in: Some(&frame),
-            data_out: Some(&mut out),
-            ctx_in: Some(&ctx),
-            repeat,
-            ..TestRunOptions::default()
-        })?;
-        out.truncate(result.data_size_out as usize);
-        Ok((result.return_value, out, result.duration))
+        let (mut first, mut times) = (None, Vec::with_capacity(runs));
+        for _ in 0..runs.max(1) {
+            let mut out = vec![0u8; frame.len() + 64];
+            let result = program.test_run(TestRunOptions {
+                data_in: Some(&frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                repeat,
+                ..TestRunOptions::default()
+            })?;
+            out.truncate(result.data_size_out as usize);
+            times.push(result.duration);
+            match &first {
+                None => first = Some((result.return_value, out)),
+                Some((verdict, _)) => {
+                    anyhow::ensure!(
+                        *verdict == result.return_value,
+                        "{name}: verdict {verdict} then {}",
+                        result.return_value
+                    )
+                }
+            }
+        }
+        let (verdict, out) = first.expect("at least one run");
+        Ok((verdict, out, times))
     })
 }
 
