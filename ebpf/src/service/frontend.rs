@@ -3,26 +3,45 @@
 //! address, a NodePort by the key form "any node address" (address all zero) when the packet
 //! is to the node's address. A ClusterIP is the socket LB's alone.
 use aya_ebpf::helpers::bpf_get_prandom_u32;
-use ebpf_common::{Backend, BackendKey, FlowKey, SERVICE_EXTERNAL, Service, ServiceKey};
+use ebpf_common::{Backend, BackendKey, FlowKey, SERVICE_EXTERNAL, SVC_SNAT_PORT_MIN, Service, ServiceKey};
 
 use super::maps::{SVC_BACKENDS, SVC_FRONTENDS};
 
+/// What a packet from the LAN addresses, decided with one lookup: an external frontend, or,
+/// to the node's address on a port of our SNAT range, possibly a remote backend's reply
+/// (`SVC_CT` says), or neither: the verdict for every other packet (traffic to the node's own
+/// sockets, other nodes' pods' traffic to this node's), which goes on at once.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Addressed {
+    Frontend,
+    SnatReply,
+    Neither,
+}
+
+/// What `flow` (as on the wire) addresses; `node` is the node's address of the packet's family
+/// (zero when it has none). A flow whose frontend is gone is no longer translated: its next
+/// packet goes to the node's stack, which answers as for any closed port.
+#[inline(always)]
+pub fn addressed(flow: &FlowKey, node: &[u8; 16]) -> Addressed {
+    if external(flow, node).is_some() {
+        Addressed::Frontend
+    } else if *node != [0; 16] && flow.dst_addr == *node && flow.dst_port >= SVC_SNAT_PORT_MIN {
+        Addressed::SnatReply
+    } else {
+        Addressed::Neither
+    }
+}
+
 /// The external frontend a packet (`flow`, as on the wire) addresses; `node` is the node's
-/// address of the packet's family (zero when it has none).
+/// address of the packet's family (zero when it has none). To the node's address only
+/// NodePorts (the key form "any node address") are looked up: the agent refuses a
+/// LoadBalancer IP or externalIP that is one of the node's addresses.
 #[inline(always)]
 pub fn external(flow: &FlowKey, node: &[u8; 16]) -> Option<Service> {
-    let mut key = ServiceKey { addr: flow.dst_addr, port: flow.dst_port, protocol: flow.protocol, family: flow.family };
+    let to_node = *node != [0; 16] && flow.dst_addr == *node;
+    let addr = if to_node { [0; 16] } else { flow.dst_addr };
+    let key = ServiceKey { addr, port: flow.dst_port, protocol: flow.protocol, family: flow.family };
     // SAFETY: copied at once; the writer replaces entries whole.
-    if let Some(service) = unsafe { SVC_FRONTENDS.get(&key).copied() }
-        && service.flags & SERVICE_EXTERNAL != 0
-    {
-        return Some(service);
-    }
-    if flow.dst_addr != *node || *node == [0; 16] {
-        return None;
-    }
-    key.addr = [0; 16];
-    // SAFETY: as above.
     let service = unsafe { SVC_FRONTENDS.get(&key).copied() }?;
     (service.flags & SERVICE_EXTERNAL != 0).then_some(service)
 }

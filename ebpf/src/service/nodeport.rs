@@ -2,6 +2,9 @@
 //! LAN (NodePort on the node's address, LoadBalancer ingress IPs, externalIPs), translated per
 //! packet with our own state (`ct.rs`).
 //!
+//! 0. What the packet addresses is decided first, with one lookup (`frontend::addressed`): a
+//!    packet to no external frontend, and not to the node's address on a SNAT port, goes on at
+//!    once, and one to this node's pods (other nodes' pods' traffic) without any lookup.
 //! 1. A packet of a tracked flow is translated as its entry says: the client's towards the
 //!    backend (into a local pod, or out to another node), a remote backend's reply back to the
 //!    client as the frontend.
@@ -18,10 +21,12 @@
 //!
 //! Everything else passes on to `from_uplink` (`TC_ACT_UNSPEC`), untouched.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
+use ebpf_common::{DatapathConfig, FlowKey, IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
 
 use super::{
-    ct, frontend, icmp_error,
+    ct,
+    frontend::{self, Addressed},
+    icmp_error,
     maps::REJECT_V4,
     open::{Opened, open},
     reject, xlate,
@@ -36,33 +41,51 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     if !flow::is_ipv4(ctx) || !super::for_this_host(ctx) {
         return packet::PASS;
     }
+    let config = config::get();
+    // This node's pods' addresses are no frontend and no SNAT address: other nodes' pods'
+    // traffic to them (most of what arrives) goes on at once, its ports not even read.
+    let Ok((_, dst)) = flow::addresses(ctx) else { return packet::PASS };
+    if config.in_node_pods(dst) {
+        return packet::PASS;
+    }
     // Without ports: an ICMP error may be about a translated flow (`icmp_error.rs`).
     let Ok(flow) = Flow::parse(ctx) else { return icmp_error::from_lan(ctx) };
     // Fragmented datagrams are the stack's (a later fragment has no ports to find a flow by).
     if flow.protocol != PROTO_TCP && flow.protocol != PROTO_UDP || flow.first_fragment {
         return packet::PASS;
     }
-    let config = config::get();
     if !lan_source(config, flow.src) {
         return packet::PASS;
     }
     let key = flow.key();
-    if let Some(entry) = ct::find(&key) {
-        // A SYN reusing the client's port of a flow that closed opens a new one.
-        let reopens = entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens();
-        if !reopens {
-            ct::seen(&key, &entry, flow.tcp_flags);
-            return xlate::forward(ctx, &flow, &entry);
-        }
+    let addressed = frontend::addressed(&key, &ipv4_in_16(config.node_ipv4));
+    if addressed == Addressed::Neither {
+        return packet::PASS;
     }
-    let node = ipv4_in_16(config.node_ipv4);
-    let Some(service) = frontend::external(&key, &node) else { return packet::PASS };
-    match open(&key, flow.opens(), &service, node) {
+    if let Some(verdict) = tracked(ctx, &flow, &key) {
+        return verdict;
+    }
+    // A new flow (rare beside a flow's packets) looks its frontend up again: a `Service` held
+    // across `tracked`'s translation would not fit the 512-byte stack.
+    let Some(service) = frontend::external(&key, &ipv4_in_16(config.node_ipv4)) else { return packet::PASS };
+    match open(&key, flow.opens(), &service, ipv4_in_16(config.node_ipv4)) {
         Opened::Flow(entry) => xlate::forward(ctx, &flow, &entry),
         Opened::Pass => packet::PASS,
         Opened::Drop(reason) => maps::drop(ctx, reason),
         Opened::Reject => reject::tail(ctx, REJECT_V4),
     }
+}
+
+/// A packet of a tracked flow, translated as its entry says; `None` when no entry holds it
+/// (or a SYN reuses the client's port of a flow that closed: that opens a new one).
+#[inline(always)]
+fn tracked(ctx: &TcContext, flow: &Flow, key: &FlowKey) -> Option<i32> {
+    let entry = ct::find(key)?;
+    if entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens() {
+        return None;
+    }
+    ct::seen(key, &entry, flow.tcp_flags);
+    Some(xlate::forward(ctx, flow, &entry))
 }
 
 /// Whether `src` may be a peer on the LAN. A source of this node's pods (its subnet, a local
