@@ -5,13 +5,15 @@ use anyhow::Context as _;
 use aya::maps::{HashMap, Map, MapData, MapError};
 use ebpf_common::{Backend, BackendKey, Service, ServiceKey, SocketKey, SocketService, names};
 
-use super::socket_addr;
+use super::{lan_flows::Flows, socket_addr};
 use crate::bpf::Pins;
 
 pub(super) struct Maps {
     pub frontends: HashMap<MapData, ServiceKey, Service>,
     pub backends: HashMap<MapData, BackendKey, Backend>,
     pub sockets: HashMap<MapData, SocketKey, SocketService>,
+    /// The per-packet path's flows (`SVC_CT`), whose flows to a removed backend are ended.
+    pub flows: Flows,
 }
 
 impl Maps {
@@ -26,6 +28,7 @@ impl Maps {
             frontends: HashMap::try_from(open(names::SVC_FRONTENDS)?)?,
             backends: HashMap::try_from(open(names::SVC_BACKENDS)?)?,
             sockets: HashMap::try_from(open(names::SVC_SOCKETS)?)?,
+            flows: HashMap::try_from(open(names::SVC_CT)?)?,
         })
     }
 

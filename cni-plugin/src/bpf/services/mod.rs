@@ -12,6 +12,7 @@
 //! again to their Service (a live backend). The agent settles on a thread of its own, after the
 //! batch's map writes, so that no map write waits for a walk of the node's sockets.
 pub mod cli;
+mod lan_flows;
 mod maps;
 mod settle;
 

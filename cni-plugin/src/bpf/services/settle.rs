@@ -45,12 +45,15 @@ pub struct Settled {
     pub reconnected: usize,
     /// Sockets destroyed (TCP; UDP that could not be connected again).
     pub destroyed: usize,
+    /// Flows from the LAN (`SVC_CT`) to a removed backend, ended (`lan_flows.rs`).
+    pub lan_flows: usize,
 }
 
 impl std::ops::AddAssign for Settled {
     fn add_assign(&mut self, other: Self) {
         self.reconnected += other.reconnected;
         self.destroyed += other.destroyed;
+        self.lan_flows += other.lan_flows;
     }
 }
 
@@ -92,11 +95,13 @@ pub(super) fn settle(maps: &mut Maps, removals: &[Removal]) -> anyhow::Result<Se
             jobs.push(Job { frontend: removal.frontend, removed, reconnect: !now.is_empty() });
         }
     }
-    Ok(sockets_of_removed(&mut maps.sockets, &jobs))
+    let mut settled = sockets_of_removed(&mut maps.sockets, &jobs);
+    settled.lan_flows = super::lan_flows::end(&mut maps.flows, &jobs);
+    Ok(settled)
 }
 
-/// One frontend's sockets to settle, as the maps stand when settling starts.
-struct Job {
+/// One frontend's sockets and flows to settle, as the maps stand when settling starts.
+pub(super) struct Job {
     pub frontend: Frontend,
     /// Backends removed and not given back since.
     pub removed: BTreeSet<SocketAddr>,
