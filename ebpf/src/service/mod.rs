@@ -10,8 +10,9 @@
 //! backend), `open.rs` (a new flow), `share.rs` (one client's share), `snat_port.rs` (ports
 //! towards remote backends), `xlate.rs` (the rewrite) and `reject.rs` (a frontend without
 //! endpoint answers); IPv6's `nodeport6.rs`, `xlate6.rs`, `reject6.rs` (its replies out:
-//! `reply.rs` too).
+//! `reply.rs` too). ClientIP affinity's map: `affinity.rs`.
 pub mod addr;
+pub mod affinity;
 pub mod ct;
 pub mod frontend;
 pub mod maps;
