@@ -18,7 +18,7 @@ use aya_ebpf::programs::TcContext;
 use ebpf_common::{IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
 
 use super::{
-    ct, frontend,
+    ct, frontend, lan_affinity,
     maps::REJECT_V4,
     open::{Opened, open},
     reject, xlate,
@@ -56,7 +56,7 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         // A SYN reusing the client's port of a flow that closed opens a new one.
         let reopens = entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens();
         if !reopens {
-            ct::seen(&key, &entry, flow.tcp_flags);
+            ct::seen(&key, &entry, flow.tcp_flags, lan_affinity::established);
             return xlate::forward(ctx, &flow, &entry);
         }
     }

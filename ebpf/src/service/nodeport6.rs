@@ -5,7 +5,7 @@ use aya_ebpf::programs::TcContext;
 use ebpf_common::{IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD};
 
 use super::{
-    ct, frontend,
+    ct, frontend, lan_affinity,
     maps::REJECT_V6,
     open::{Opened, open},
     reject, xlate6,
@@ -44,7 +44,7 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     if let Some(entry) = ct::find(key) {
         let reopens = entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens();
         if !reopens {
-            ct::seen(key, &entry, flow.tcp_flags);
+            ct::seen(key, &entry, flow.tcp_flags, lan_affinity::established);
             return xlate6::forward(ctx, &flow, &entry);
         }
     }
