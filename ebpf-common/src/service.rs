@@ -87,7 +87,10 @@ pub struct Backend {
 
 /// Key of `SVC_AFFINITY`. The client is its network namespace (`bpf_get_netns_cookie`), not
 /// its address: at `connect` a socket often has no source address yet, and a pod's namespace
-/// holds the pod's addresses, so it is the same client as kube-proxy's `ClientIP`.
+/// holds the pod's addresses, so it is the same client as kube-proxy's `ClientIP`. A client on
+/// the LAN (per-packet flows) is its address, in `netns_cookie` with bit 63 set, which no netns
+/// cookie has: an IPv4 address as a number in bits 0-31, an IPv6 one as bit 62 and a 62-bit
+/// hash (`ebpf/src/service/lan_affinity.rs`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AffinityKey {

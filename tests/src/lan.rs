@@ -244,6 +244,21 @@ impl Lan {
         path
     }
 
+    /// `ebpf-cni service-set` on `node`'s network: `frontend` (`0.0.0.0:<port>` or `[::]:<port>`
+    /// for a NodePort) to `backends`, with `extra` flags (`--local`, `--external`,
+    /// `--affinity-seconds N`).
+    pub fn service_set(&self, node: usize, frontend: &str, protocol: &str, backends: &[String], extra: &[&str]) {
+        let tb = &self.nodes[node];
+        let mut command = std::process::Command::new(&tb.plugin.binary);
+        command.args(["service-set", "--network", &tb.network, "--bpffs-root"]).arg(tb.bpffs_root());
+        command.args(["--frontend", frontend, "--protocol", protocol]).args(extra);
+        for backend in backends {
+            command.args(["--backend", backend]);
+        }
+        let out = command.output().expect("running service-set");
+        assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     /// DEL of pod number `pod` of `node` through the node's conflist.
     pub fn del_pod(&self, node: usize, pod: usize) -> Result<()> {
         self.runtimes[node].del(&self.lists[node], &self.nodes[node].sandbox(pod))

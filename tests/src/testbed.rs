@@ -396,6 +396,11 @@ impl Testbed {
         self.per_cpu_packets("FORWARDED", path as u64)
     }
 
+    /// Socket LB and Service events counted (summed over CPUs), from SVC_COUNTERS.
+    pub fn service_events(&self, event: ebpf_common::ServiceEvent) -> Result<u64> {
+        self.per_cpu_packets("SVC_COUNTERS", event as u64)
+    }
+
     /// `packets` of slot `index` of a pinned per-CPU array of counters, summed over CPUs.
     fn per_cpu_packets(&self, map: &str, index: u64) -> Result<u64> {
         let dump = self.map_dump(map)?;

@@ -76,19 +76,6 @@ fn udp_call(netns: &str, to: SocketAddr) -> Answer {
     .unwrap()
 }
 
-/// `ebpf-cni service-set` on node 1's network.
-fn service_set(lan: &Lan, frontend: &str, protocol: &str, backends: &[String], extra: &[&str]) {
-    let tb = &lan.nodes[0];
-    let mut command = Command::new(&tb.plugin.binary);
-    command.args(["service-set", "--network", &tb.network, "--bpffs-root"]).arg(tb.bpffs_root());
-    command.args(["--frontend", frontend, "--protocol", protocol]).args(extra);
-    for backend in backends {
-        command.args(["--backend", backend]);
-    }
-    let out = command.output().unwrap();
-    assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 fn at(ip: impl Into<IpAddr>, port: u16) -> String {
     SocketAddr::new(ip.into(), port).to_string()
 }
@@ -168,7 +155,7 @@ fn nodeports_are_translated_per_packet() {
     let first = filters.lines().find(|l| l.contains("direct-action")).unwrap_or_default();
     assert!(first.contains(names::SVC_FROM_UPLINK), "svc_from_uplink is not first: {filters}");
 
-    let set = |f: &str, p: &str, backends: &[String], extra: &[&str]| service_set(&lan, f, p, backends, extra);
+    let set = |f: &str, p: &str, backends: &[String], extra: &[&str]| lan.service_set(0, f, p, backends, extra);
     set("0.0.0.0:30080", "tcp", &[at(a.ip, TCP_PORT)], &[]);
     set("0.0.0.0:30053", "udp", &[at(a.ip, UDP_PORT)], &[]);
     set("0.0.0.0:30081", "tcp", &[at(b.ip, TCP_PORT)], &[]);

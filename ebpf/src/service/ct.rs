@@ -55,15 +55,26 @@ pub fn other_way(entry: &SvcCtEntry, protocol: u8, family: u8) -> FlowKey {
 /// Notes a packet of a tracked flow: its time, and the state it moves the flow to. Any UDP reply
 /// establishes; for TCP the backend's SYN-ACK, then the client's ACK; the backend's FIN or RST
 /// closes (the client's comes from the LAN, where anyone can forge it). Both entries get a new
-/// state, so both age by it.
+/// state, so both age by it; a move to ESTABLISHED records the client's ClientIP affinity.
+/// `established` is `lan_affinity`'s `established` (inlined) or `established_call` (a BPF
+/// function), whichever the caller's frame has room for.
 #[inline(always)]
-pub fn seen(key: &FlowKey, entry: &SvcCtEntry, tcp_flags: u8) {
+pub fn seen(key: &FlowKey, entry: &SvcCtEntry, tcp_flags: u8, established: fn(&FlowKey, &SvcCtEntry)) {
     // SAFETY: a helper any program may call.
     let now = unsafe { bpf_ktime_get_ns() };
     let state = next_state(entry, key.protocol, tcp_flags);
     if state != entry.state {
-        set_state(key, state, now);
+        let stored = set_state(key, state, now);
         set_state(&other_way(entry, key.protocol, key.family), state, now);
+        // Once per flow, and only for one our state machine accepted: a forged SYN never gets
+        // here, so it records no ClientIP affinity. The entry by its place in the map, not a
+        // copy on this frame (`svc_from_uplink` has no room for one).
+        if state == SVC_CT_ESTABLISHED
+            && let Some(stored) = stored
+        {
+            // SAFETY: an LRU value, valid while this program runs.
+            established(key, unsafe { &*stored });
+        }
     } else if now.wrapping_sub(entry.last_seen_ns) >= TOUCH_NS
         && let Some(e) = SVC_CT.get_ptr_mut(key)
     {
@@ -90,15 +101,16 @@ fn next_state(entry: &SvcCtEntry, protocol: u8, tcp_flags: u8) -> u8 {
     }
 }
 
+/// Moves the entry under `key` to `state`; returns where it is.
 #[inline(always)]
-fn set_state(key: &FlowKey, state: u8, now: u64) {
-    if let Some(e) = SVC_CT.get_ptr_mut(key) {
-        // SAFETY: an LRU value, valid while this program runs.
-        unsafe {
-            (*e).state = state;
-            (*e).last_seen_ns = now;
-        }
+fn set_state(key: &FlowKey, state: u8, now: u64) -> Option<*mut SvcCtEntry> {
+    let e = SVC_CT.get_ptr_mut(key)?;
+    // SAFETY: an LRU value, valid while this program runs.
+    unsafe {
+        (*e).state = state;
+        (*e).last_seen_ns = now;
     }
+    Some(e)
 }
 
 /// What a new flow's packets become: `src`/`dst` the client's side after translation.

@@ -3,9 +3,14 @@
 //! address, a NodePort by the key form "any node address" (address all zero) when the packet
 //! is to the node's address. A ClusterIP is the socket LB's alone.
 use aya_ebpf::helpers::bpf_get_prandom_u32;
-use ebpf_common::{Backend, BackendKey, FlowKey, SERVICE_EXTERNAL, SVC_SNAT_PORT_MIN, Service, ServiceKey};
+use ebpf_common::{
+    Backend, BackendKey, FlowKey, SERVICE_AFFINITY, SERVICE_EXTERNAL, SVC_SNAT_PORT_MIN, Service, ServiceKey,
+};
 
-use super::maps::{SVC_BACKENDS, SVC_FRONTENDS};
+use super::{
+    lan_affinity,
+    maps::{SVC_BACKENDS, SVC_FRONTENDS},
+};
 
 /// What a packet from the LAN addresses, decided with one lookup: an external frontend, or,
 /// to the node's address on a port of our SNAT range, possibly a remote backend's reply
@@ -38,25 +43,33 @@ pub fn addressed(flow: &FlowKey, node: &[u8; 16]) -> Addressed {
 /// LoadBalancer IP or externalIP that is one of the node's addresses.
 #[inline(always)]
 pub fn external(flow: &FlowKey, node: &[u8; 16]) -> Option<Service> {
-    let to_node = *node != [0; 16] && flow.dst_addr == *node;
-    let addr = if to_node { [0; 16] } else { flow.dst_addr };
-    let key = ServiceKey { addr, port: flow.dst_port, protocol: flow.protocol, family: flow.family };
+    external_at(&flow.dst_addr, flow.dst_port, flow.protocol, flow.family, node)
+}
+
+/// `external` by the frontend's fields: a caller holding no `FlowKey` builds none.
+#[inline(always)]
+pub fn external_at(addr: &[u8; 16], port: u16, protocol: u8, family: u8, node: &[u8; 16]) -> Option<Service> {
+    let to_node = *node != [0; 16] && *addr == *node;
+    let key = ServiceKey { addr: if to_node { [0; 16] } else { *addr }, port, protocol, family };
     // SAFETY: copied at once; the writer replaces entries whole.
     let service = unsafe { SVC_FRONTENDS.get(&key).copied() }?;
     (service.flags & SERVICE_EXTERNAL != 0).then_some(service)
 }
 
-/// A backend at random (per-packet flows have no ClientIP affinity yet). `None` only when a
-/// removal races this lookup, or for a backend of another family than `family`.
+/// The backend for a new flow (`flow`, as on the wire): for a ClientIP Service its client's
+/// previous one (`lan_affinity.rs`), else one at random. `None` only when a removal races this
+/// lookup, or for a backend of another family than the flow's.
 #[inline(always)]
-pub fn pick(service: &Service, family: u8) -> Option<Backend> {
+pub fn pick(service: &Service, flow: &FlowKey) -> Option<Backend> {
     if service.count == 0 {
         return None;
     }
+    // Only a ClientIP Service pays for the affinity lookup.
+    let previous = if service.flags & SERVICE_AFFINITY != 0 { lan_affinity::previous(flow, service) } else { None };
     // SAFETY: a helper any program may call.
-    let index = (unsafe { bpf_get_prandom_u32() } % u32::from(service.count)) as u16;
+    let index = previous.unwrap_or_else(|| (unsafe { bpf_get_prandom_u32() } % u32::from(service.count)) as u16);
     let slot = BackendKey { service: service.id, index, bank: service.bank, pad: 0 };
     // SAFETY: copied at once.
     let backend = unsafe { SVC_BACKENDS.get(&slot).copied() }?;
-    (backend.family == family).then_some(backend)
+    (backend.family == flow.family).then_some(backend)
 }

@@ -42,7 +42,8 @@ fn tracked(ctx: &TcContext) -> Option<(Quoted, SvcCtEntry)> {
 /// flow: to a client as the frontend (a router on the client's path, or the client itself), or
 /// to a remote backend from the node's SNAT port (that backend's node, or a router between).
 /// Translated for the backend, or for the client, and sent on as that side's packets are.
-#[inline(always)]
+/// A BPF function of its own: `svc_from_uplink` has no stack to spare for it inlined.
+#[inline(never)]
 pub fn from_lan(ctx: &TcContext) -> i32 {
     let Some((q, entry)) = tracked(ctx) else { return packet::PASS };
     let Ok((outer_src, outer_dst)) = flow::addresses(ctx) else { return packet::PASS };

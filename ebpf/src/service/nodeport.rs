@@ -26,7 +26,7 @@ use ebpf_common::{DatapathConfig, FlowKey, IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD
 use super::{
     ct,
     frontend::{self, Addressed},
-    icmp_error,
+    icmp_error, lan_affinity,
     maps::REJECT_V4,
     open::{Opened, open},
     reject, xlate,
@@ -65,26 +65,42 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     if let Some(verdict) = tracked(ctx, &flow, &key) {
         return verdict;
     }
-    // A new flow (rare beside a flow's packets) looks its frontend up again: a `Service` held
-    // across `tracked`'s translation would not fit the 512-byte stack.
-    let Some(service) = frontend::external(&key, &ipv4_in_16(config.node_ipv4)) else { return packet::PASS };
-    match open(&key, flow.opens(), &service, ipv4_in_16(config.node_ipv4)) {
-        Opened::Flow(entry) => xlate::forward(ctx, &flow, &entry),
+    // The tail call stays here: a tail call from a BPF function needs its callers' stack
+    // under 256 bytes.
+    match new_flow(ctx, &flow, &key, ipv4_in_16(config.node_ipv4)) {
+        REJECT => reject::tail(ctx, REJECT_V4),
+        verdict => verdict,
+    }
+}
+
+/// `new_flow`'s verdict for a frontend without endpoint: answered by `svc_reject`.
+const REJECT: i32 = i32::MIN;
+
+/// A packet that may open a flow (a new one, rare beside a flow's packets): its frontend looked
+/// up again (a `Service` held across `tracked` would not fit the stack), the flow opened and its
+/// first packet translated. A BPF function of its own, as `tracked`.
+#[inline(never)]
+fn new_flow(ctx: &TcContext, flow: &Flow, key: &FlowKey, node: [u8; 16]) -> i32 {
+    let Some(service) = frontend::external(key, &node) else { return packet::PASS };
+    match open(key, flow.opens(), &service, node) {
+        Opened::Flow(entry) => xlate::forward(ctx, flow, &entry),
         Opened::Pass => packet::PASS,
         Opened::Drop(reason) => maps::drop(ctx, reason),
-        Opened::Reject => reject::tail(ctx, REJECT_V4),
+        Opened::Reject => REJECT,
     }
 }
 
 /// A packet of a tracked flow, translated as its entry says; `None` when no entry holds it
-/// (or a SYN reuses the client's port of a flow that closed: that opens a new one).
-#[inline(always)]
+/// (or a SYN reuses the client's port of a flow that closed: that opens a new one). A BPF
+/// function of its own: inlined, its entry and translation beside `open`'s left `ingress` no
+/// room in the 512-byte stack for the affinity record (`lan_affinity.rs`).
+#[inline(never)]
 fn tracked(ctx: &TcContext, flow: &Flow, key: &FlowKey) -> Option<i32> {
     let entry = ct::find(key)?;
     if entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens() {
         return None;
     }
-    ct::seen(key, &entry, flow.tcp_flags);
+    ct::seen(key, &entry, flow.tcp_flags, lan_affinity::established);
     Some(xlate::forward(ctx, flow, &entry))
 }
 

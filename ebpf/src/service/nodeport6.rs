@@ -7,6 +7,7 @@ use ebpf_common::{IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD};
 use super::{
     ct,
     frontend::{self, Addressed},
+    lan_affinity,
     maps::REJECT_V6,
     open::{Opened, open},
     reject, xlate6,
@@ -77,6 +78,6 @@ fn tracked(ctx: &TcContext, flow: &Flow6) -> Option<i32> {
     if entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens() {
         return None;
     }
-    ct::seen(key, &entry, flow.tcp_flags);
+    ct::seen(key, &entry, flow.tcp_flags, lan_affinity::established);
     Some(xlate6::forward(ctx, flow, &entry))
 }

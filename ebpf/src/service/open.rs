@@ -33,7 +33,7 @@ pub fn open(key: &FlowKey, opens: bool, service: &Service, node: [u8; 16]) -> Op
     if !share::admit(&ip_key(key.family, key.src_addr)) {
         return Opened::Drop(DropReason::ServiceClientShare);
     }
-    let Some(backend) = frontend::pick(service, key.family) else { return Opened::Pass };
+    let Some(backend) = frontend::pick(service, key) else { return Opened::Pass };
     let local = maps::ENDPOINTS.get_ptr(&ip_key(key.family, backend.addr)).is_some();
     if !local && local_only {
         return Opened::Drop(DropReason::ServiceNoLocalEndpoint);

@@ -1,9 +1,12 @@
 //! Which backend a connect or send to a frontend goes to: the client's previous one for a
 //! ClientIP Service while it is still a backend and within the timeout, else one at random.
 use aya_ebpf::{EbpfContext as _, helpers, programs::SockAddrContext};
-use ebpf_common::{Affinity, AffinityKey, Backend, BackendKey, SERVICE_AFFINITY, Service, ServiceEvent, ServiceKey};
+use ebpf_common::{AffinityKey, Backend, SERVICE_AFFINITY, ServiceEvent, ServiceKey};
 
-use super::maps::{SVC_AFFINITY, SVC_BACKENDS, SVC_FRONTENDS, count};
+use super::{
+    affinity::{remember, slot, still_sticky},
+    maps::{SVC_BACKENDS, SVC_FRONTENDS, count},
+};
 
 pub enum Pick {
     /// Not a Service's address: left alone.
@@ -12,10 +15,6 @@ pub enum Pick {
     NoEndpoint,
     To(Backend),
 }
-
-/// How many of a ClientIP Service's backends are searched for the client's previous one (a
-/// bounded loop for the verifier). Beyond it the client gets a new backend.
-const AFFINITY_SCAN: u16 = 64;
 
 #[inline(always)]
 pub fn pick(ctx: &SockAddrContext, key: &ServiceKey) -> Pick {
@@ -31,7 +30,7 @@ pub fn pick(ctx: &SockAddrContext, key: &ServiceKey) -> Pick {
         service: service.id,
         pad: 0,
     };
-    if sticky && let Some(previous) = still_sticky(&affinity_key, &service) {
+    if sticky && let Some((previous, _)) = still_sticky(&affinity_key, &service) {
         count(ServiceEvent::AffinityHit);
         remember(&affinity_key, &previous);
         return Pick::To(previous);
@@ -47,38 +46,4 @@ pub fn pick(ctx: &SockAddrContext, key: &ServiceKey) -> Pick {
         remember(&affinity_key, &backend);
     }
     Pick::To(backend)
-}
-
-#[inline(always)]
-fn slot(service: &Service, index: u16) -> BackendKey {
-    BackendKey { service: service.id, index, bank: service.bank, pad: 0 }
-}
-
-/// The client's previous backend, if within the timeout and still one of the Service's.
-#[inline(always)]
-fn still_sticky(key: &AffinityKey, service: &Service) -> Option<Backend> {
-    // SAFETY: copied at once.
-    let previous = unsafe { SVC_AFFINITY.get(key).copied() }?;
-    let now = unsafe { helpers::bpf_ktime_get_ns() };
-    if now.wrapping_sub(previous.last_ns) > u64::from(service.affinity_timeout_s) * 1_000_000_000 {
-        return None;
-    }
-    for index in 0..AFFINITY_SCAN {
-        if index >= service.count {
-            break;
-        }
-        // SAFETY: copied at once.
-        let backend = unsafe { SVC_BACKENDS.get(slot(service, index)).copied() }?;
-        if backend == previous.backend {
-            return Some(backend);
-        }
-    }
-    None
-}
-
-#[inline(always)]
-fn remember(key: &AffinityKey, backend: &Backend) {
-    let last_ns = unsafe { helpers::bpf_ktime_get_ns() };
-    // A full LRU forgets its oldest client: that client gets a new backend next time.
-    let _ = SVC_AFFINITY.insert(key, Affinity { backend: *backend, pad: 0, last_ns }, 0);
 }

@@ -7,7 +7,7 @@
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{ForwardPath, SVC_CT_REPLY};
 
-use super::{ct, icmp_error, xlate, xlate6};
+use super::{ct, icmp_error, lan_affinity, xlate, xlate6};
 use crate::{
     config,
     flow::{self, Flow, PROTO_TCP, PROTO_UDP},
@@ -33,7 +33,7 @@ pub fn egress(ctx: &TcContext) -> i32 {
     if entry.direction != SVC_CT_REPLY {
         return packet::PASS;
     }
-    ct::seen(&key, &entry, flow.tcp_flags);
+    ct::seen(&key, &entry, flow.tcp_flags, lan_affinity::established_call);
     if let Err(reason) = xlate::apply(ctx, &flow, &entry) {
         return maps::drop(ctx, reason);
     }
@@ -55,7 +55,7 @@ pub fn egress6(ctx: &TcContext) -> i32 {
     if entry.direction != SVC_CT_REPLY {
         return packet::PASS;
     }
-    ct::seen(key, &entry, flow.tcp_flags);
+    ct::seen(key, &entry, flow.tcp_flags, lan_affinity::established_call);
     if let Err(reason) = xlate6::apply(ctx, &flow, &entry) {
         return maps::drop(ctx, reason);
     }
