@@ -99,7 +99,8 @@ fn lan_flows_to_a_removed_backend_end_at_once() {
     assert_eq!(settled["lanFlows"].as_u64().or(settled["lan_flows"].as_u64()), Some(1), "UDP: {settled}");
     assert_eq!(ask_udp(&socket).unwrap(), format!("B {node1_ip}"), "UDP after its backend went");
 
-    for pod in [a, b] {
-        lan.del_pod(pod).unwrap();
-    }
+    drop((a, b));
+    lan.del_pod(0, 0).unwrap();
+    lan.del_pod(1, 0).unwrap();
+    assert_eq!(lan.nodes[0].leftovers().unwrap(), Vec::<String>::new());
 }

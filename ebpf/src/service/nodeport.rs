@@ -21,7 +21,7 @@
 //!
 //! Everything else passes on to `from_uplink` (`TC_ACT_UNSPEC`), untouched.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, FlowKey, IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
+use ebpf_common::{DatapathConfig, IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD, ipv4_in_16};
 
 use super::{
     ct,
@@ -41,67 +41,94 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     if !flow::is_ipv4(ctx) || !super::for_this_host(ctx) {
         return packet::PASS;
     }
-    let config = config::get();
     // This node's pods' addresses are no frontend and no SNAT address: other nodes' pods'
     // traffic to them (most of what arrives) goes on at once, its ports not even read.
     let Ok((_, dst)) = flow::addresses(ctx) else { return packet::PASS };
-    if config.in_node_pods(dst) {
+    if config::get().in_node_pods(dst) {
         return packet::PASS;
     }
-    // Without ports: an ICMP error may be about a translated flow (`icmp_error.rs`).
-    let Ok(flow) = Flow::parse(ctx) else { return icmp_error::from_lan(ctx) };
-    // Fragmented datagrams are the stack's (a later fragment has no ports to find a flow by).
-    if flow.protocol != PROTO_TCP && flow.protocol != PROTO_UDP || flow.first_fragment {
-        return packet::PASS;
-    }
-    if !lan_source(config, flow.src) {
-        return packet::PASS;
-    }
-    let key = flow.key();
-    let addressed = frontend::addressed(&key, &ipv4_in_16(config.node_ipv4));
-    if addressed == Addressed::Neither {
-        return packet::PASS;
-    }
-    if let Some(verdict) = tracked(ctx, &flow, &key) {
-        return verdict;
-    }
-    // The tail call stays here: a tail call from a BPF function needs its callers' stack
-    // under 256 bytes.
-    match new_flow(ctx, &flow, &key, ipv4_in_16(config.node_ipv4)) {
-        REJECT => reject::tail(ctx, REJECT_V4),
-        verdict => verdict,
+    // The work is in BPF functions of their own, each parsing the packet again rather than
+    // holding it in this frame: a call's stack adds to its caller's, 512 bytes in all, and
+    // `svc_reject`'s tail call has to be made from here (a BPF function's callers may hold at
+    // most 256 bytes for one).
+    match classify(ctx) {
+        Class::Pass => packet::PASS,
+        // Without ports: an ICMP error may be about a translated flow (`icmp_error.rs`).
+        Class::Unparsed => icmp_error::from_lan(ctx),
+        Class::Service => {
+            if let Some(verdict) = tracked(ctx) {
+                return verdict;
+            }
+            match new_flow(ctx) {
+                // Its first packet goes the way of every later one.
+                OPENED => tracked(ctx).unwrap_or(packet::PASS),
+                REJECT => reject::tail(ctx, REJECT_V4),
+                verdict => verdict,
+            }
+        }
     }
 }
 
-/// `new_flow`'s verdict for a frontend without endpoint: answered by `svc_reject`.
-const REJECT: i32 = i32::MIN;
+enum Class {
+    /// Not a Service's: left to `from_uplink`.
+    Pass,
+    /// No TCP or UDP ports to read.
+    Unparsed,
+    /// To an external frontend, or to the node's address on a SNAT port.
+    Service,
+}
 
-/// A packet that may open a flow (a new one, rare beside a flow's packets): its frontend looked
-/// up again (a `Service` held across `tracked` would not fit the stack), the flow opened and its
-/// first packet translated. A BPF function of its own, as `tracked`.
 #[inline(never)]
-fn new_flow(ctx: &TcContext, flow: &Flow, key: &FlowKey, node: [u8; 16]) -> i32 {
-    let Some(service) = frontend::external(key, &node) else { return packet::PASS };
-    match open(key, flow.opens(), &service, node) {
-        Opened::Flow(entry) => xlate::forward(ctx, flow, &entry),
-        Opened::Pass => packet::PASS,
-        Opened::Drop(reason) => maps::drop(ctx, reason),
-        Opened::Reject => REJECT,
+fn classify(ctx: &TcContext) -> Class {
+    let Ok(flow) = Flow::parse(ctx) else { return Class::Unparsed };
+    // Fragmented datagrams are the stack's (a later fragment has no ports to find a flow by).
+    if flow.protocol != PROTO_TCP && flow.protocol != PROTO_UDP || flow.first_fragment {
+        return Class::Pass;
+    }
+    let config = config::get();
+    if !lan_source(config, flow.src) {
+        return Class::Pass;
+    }
+    match frontend::addressed(&flow.key(), &ipv4_in_16(config.node_ipv4)) {
+        Addressed::Neither => Class::Pass,
+        Addressed::Frontend | Addressed::SnatReply => Class::Service,
     }
 }
 
 /// A packet of a tracked flow, translated as its entry says; `None` when no entry holds it
-/// (or a SYN reuses the client's port of a flow that closed: that opens a new one). A BPF
-/// function of its own: inlined, its entry and translation beside `open`'s left `ingress` no
-/// room in the 512-byte stack for the affinity record (`lan_affinity.rs`).
+/// (or a SYN reuses the client's port of a flow that closed: that opens a new one).
 #[inline(never)]
-fn tracked(ctx: &TcContext, flow: &Flow, key: &FlowKey) -> Option<i32> {
-    let entry = ct::find(key)?;
+fn tracked(ctx: &TcContext) -> Option<i32> {
+    let flow = Flow::parse(ctx).ok()?;
+    let key = flow.key();
+    let entry = ct::find(&key)?;
     if entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens() {
         return None;
     }
-    ct::seen(key, &entry, flow.tcp_flags, lan_affinity::established);
-    Some(xlate::forward(ctx, flow, &entry))
+    ct::seen(&key, &entry, flow.tcp_flags, lan_affinity::established);
+    Some(xlate::forward(ctx, &flow, &entry))
+}
+
+/// `new_flow`'s verdicts beside a TC action: the flow is open (its entries written), or its
+/// frontend has no endpoint (answered by `svc_reject`).
+const OPENED: i32 = i32::MIN + 1;
+const REJECT: i32 = i32::MIN;
+
+/// A packet that may open a flow (rare beside a flow's packets): its frontend, and the flow
+/// opened; translating is `tracked`'s, whose frame and this one's would not fit together. To no
+/// frontend (a SNAT port's packet of no flow): passed on.
+#[inline(never)]
+fn new_flow(ctx: &TcContext) -> i32 {
+    let Ok(flow) = Flow::parse(ctx) else { return packet::PASS };
+    let key = flow.key();
+    let node = ipv4_in_16(config::get().node_ipv4);
+    let Some(service) = frontend::external(&key, &node) else { return packet::PASS };
+    match open(&key, flow.opens(), &service, node) {
+        Opened::Flow(_) => OPENED,
+        Opened::Pass => packet::PASS,
+        Opened::Drop(reason) => maps::drop(ctx, reason),
+        Opened::Reject => REJECT,
+    }
 }
 
 /// Whether `src` may be a peer on the LAN. A source of this node's pods (its subnet, a local
