@@ -8,13 +8,15 @@
 //! IPs, externalIPs from the LAN): `nodeport.rs` (uplink ingress) and `reply.rs` (uplink
 //! egress) over our own connection tracking `ct.rs`, with `frontend.rs` (which frontend, which
 //! backend), `open.rs` (a new flow), `share.rs` (one client's share), `snat_port.rs` (ports
-//! towards remote backends), `xlate.rs` (the rewrite) and `reject.rs` (a frontend without
-//! endpoint answers), `icmp_error.rs` (ICMP errors about those flows); IPv6's `nodeport6.rs`, `xlate6.rs`, `reject6.rs` (its replies out:
-//! `reply.rs` too).
+//! towards remote backends), `xlate.rs` (the rewrite), `reject.rs` (a frontend without
+//! endpoint answers) and `icmp_error.rs` (ICMP errors about those flows); IPv6's
+//! `nodeport6.rs`, `xlate6.rs`, `reject6.rs`, `icmp_error6.rs` (its replies out: `reply.rs`
+//! too).
 pub mod addr;
 pub mod ct;
 pub mod frontend;
 pub mod icmp_error;
+pub mod icmp_error6;
 pub mod maps;
 pub mod nodeport;
 pub mod nodeport6;
