@@ -37,6 +37,14 @@ impl Delta {
         Self(sum)
     }
 
+    /// [`Delta::of`] two IPv6 addresses, in a BPF function of its own: inlined, its 32 byte
+    /// loads, scheduled all at once, spill over the caller's stack frame (`service/icmp_error6.rs`
+    /// computes five such deltas).
+    #[inline(never)]
+    pub fn of_addresses(old: &[u8; 16], new: &[u8; 16]) -> Self {
+        Self::of(old, new)
+    }
+
     #[inline(always)]
     pub fn add(&mut self, other: Delta) {
         self.0 = fold(self.0 + other.0);

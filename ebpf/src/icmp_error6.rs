@@ -20,8 +20,8 @@ use crate::{
 const ERRORS: core::ops::RangeInclusive<u8> = 1..=4;
 const ECHO_REQUEST: u8 = 128;
 /// The quoted IPv6 header follows the ICMPv6 header's 8 bytes; its L4 header follows it.
-const INNER_AT: usize = L4_OFFSET + 8;
-const INNER_L4: usize = INNER_AT + 40;
+pub const INNER_AT: usize = L4_OFFSET + 8;
+pub const INNER_L4: usize = INNER_AT + 40;
 
 /// Translates an ICMPv6 error to the node back to the pod whose masqueraded flow it quotes;
 /// anything else goes on to the node unchanged. Only for packets [`is_error`] says are errors.

@@ -10,14 +10,15 @@
 //! backend), `open.rs` (a new flow), `share.rs` (one client's share), `snat_port.rs` (ports
 //! towards remote backends), `xlate.rs` (the rewrite) and `reject.rs` (a frontend without
 //! endpoint answers), `icmp_error.rs` (ICMP errors about those flows); IPv6's `nodeport6.rs`,
-//! `xlate6.rs`, `reject6.rs` (its replies out: `reply.rs` too). ClientIP affinity: `affinity.rs`
-//! (the map, both kinds of client), `lan_affinity.rs` (LAN clients, recorded only by flows the
-//! state machine accepted).
+//! `xlate6.rs`, `reject6.rs`, `icmp_error6.rs` (its replies out: `reply.rs` too). ClientIP
+//! affinity: `affinity.rs` (the map, both kinds of client), `lan_affinity.rs` (LAN clients,
+//! recorded only by flows the state machine accepted).
 pub mod addr;
 pub mod affinity;
 pub mod ct;
 pub mod frontend;
 pub mod icmp_error;
+pub mod icmp_error6;
 pub mod lan_affinity;
 pub mod maps;
 pub mod nodeport;

@@ -1,13 +1,14 @@
-//! `svc_from_uplink6`: `nodeport.rs` for IPv6, before `from_uplink6`. Only packets whose first
-//! header after IPv6 is TCP or UDP (`Flow6`); link-scope sources and this node's pods' are
-//! left to `from_uplink6`.
+//! `svc_from_uplink6`: `nodeport.rs` for IPv6, before `from_uplink6`, in the same shape. Only
+//! packets whose first header after IPv6 is TCP or UDP (`Flow6`); link-scope sources and this
+//! node's pods' are left to `from_uplink6`. An ICMPv6 error (no ports) about a tracked flow is
+//! translated for the other side (`icmp_error6.rs`).
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD};
+use ebpf_common::{DatapathConfig, IpKey, SVC_CT_CLOSING, SVC_CT_FORWARD};
 
 use super::{
     ct,
     frontend::{self, Addressed},
-    lan_affinity,
+    icmp_error6, lan_affinity,
     maps::REJECT_V6,
     open::{Opened, open},
     reject, xlate6,
@@ -27,57 +28,94 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     if !is_ipv6(ctx) || !super::for_this_host(ctx) {
         return packet::PASS;
     }
-    let config = config::get();
     // As in `nodeport.rs`: this node's pods' addresses are no frontend and no SNAT address, so
     // other nodes' pods' traffic to them goes on before its extension headers are walked.
     let Ok(dst) = ctx.load::<[u8; 16]>(IP_OFFSET + DST_IN_HEADER) else { return packet::PASS };
-    if config.in_node_pods6(&dst) {
+    if config::get().in_node_pods6(&dst) {
         return packet::PASS;
     }
-    let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
+    // BPF functions of their own, each parsing again, for the stack (see `nodeport.rs`).
+    match classify(ctx) {
+        Class::Pass => packet::PASS,
+        // Without ports: an ICMPv6 error may be about a translated flow (`icmp_error6.rs`).
+        Class::Unparsed => icmp_error6::from_lan(ctx),
+        Class::Service => {
+            if let Some(verdict) = tracked(ctx) {
+                return verdict;
+            }
+            match new_flow(ctx) {
+                OPENED => tracked(ctx).unwrap_or(packet::PASS),
+                REJECT => reject::tail(ctx, REJECT_V6),
+                verdict => verdict,
+            }
+        }
+    }
+}
+
+enum Class {
+    Pass,
+    Unparsed,
+    Service,
+}
+
+#[inline(never)]
+fn classify(ctx: &TcContext) -> Class {
+    let Ok(flow) = Flow6::parse(ctx) else { return Class::Unparsed };
     let key = &flow.key;
     if key.protocol != PROTO_TCP && key.protocol != PROTO_UDP {
-        return packet::PASS;
+        return Class::Pass;
     }
-    // Link-scope sources are no client of a Service; this node's pods' are forged (from_uplink6
-    // drops them).
-    let src = &key.src_addr;
-    // Nor the node itself, the unspecified address or multicast (ff00::/8).
-    if ipv6::is_link_scope(src)
-        || *src == config.node_ipv6
-        || *src == [0; 16]
-        || src[0] == 0xff
-        || config.in_node_pods6(src)
-        || config.in_cluster6(src) && maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some()
-    {
-        return packet::PASS;
+    let config = config::get();
+    if !lan_source(config, &key.src_addr) {
+        return Class::Pass;
     }
-    let addressed = frontend::addressed(key, &config.node_ipv6);
-    if addressed == Addressed::Neither {
-        return packet::PASS;
-    }
-    if let Some(verdict) = tracked(ctx, &flow) {
-        return verdict;
-    }
-    // A new flow (rare beside a flow's packets) looks its frontend up again: a `Service` held
-    // across `tracked`'s translation would not fit the 512-byte stack.
-    let Some(service) = frontend::external(key, &config.node_ipv6) else { return packet::PASS };
-    match open(key, flow.opens(), &service, config.node_ipv6) {
-        Opened::Flow(entry) => xlate6::forward(ctx, &flow, &entry),
-        Opened::Pass => packet::PASS,
-        Opened::Drop(reason) => maps::drop(ctx, reason),
-        Opened::Reject => reject::tail(ctx, REJECT_V6),
+    match frontend::addressed(key, &config.node_ipv6) {
+        Addressed::Neither => Class::Pass,
+        Addressed::Frontend | Addressed::SnatReply => Class::Service,
     }
 }
 
 /// A packet of a tracked flow, translated as its entry says (`nodeport.rs`'s `tracked`).
-#[inline(always)]
-fn tracked(ctx: &TcContext, flow: &Flow6) -> Option<i32> {
+#[inline(never)]
+fn tracked(ctx: &TcContext) -> Option<i32> {
+    let flow = Flow6::parse(ctx).ok()?;
     let key = &flow.key;
     let entry = ct::find(key)?;
     if entry.direction == SVC_CT_FORWARD && entry.state == SVC_CT_CLOSING && flow.opens() {
         return None;
     }
     ct::seen(key, &entry, flow.tcp_flags, lan_affinity::established);
-    Some(xlate6::forward(ctx, flow, &entry))
+    Some(xlate6::forward(ctx, &flow, &entry))
+}
+
+/// `new_flow`'s verdicts beside a TC action (`nodeport.rs`'s).
+const OPENED: i32 = i32::MIN + 1;
+const REJECT: i32 = i32::MIN;
+
+/// A packet that may open a flow: its frontend, and the flow opened (`nodeport.rs`'s).
+#[inline(never)]
+fn new_flow(ctx: &TcContext) -> i32 {
+    let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
+    let key = &flow.key;
+    let node = config::get().node_ipv6;
+    let Some(service) = frontend::external(key, &node) else { return packet::PASS };
+    match open(key, flow.opens(), &service, node) {
+        Opened::Flow(_) => OPENED,
+        Opened::Pass => packet::PASS,
+        Opened::Drop(reason) => maps::drop(ctx, reason),
+        Opened::Reject => REJECT,
+    }
+}
+
+/// Whether `src` may be a peer on the LAN: link-scope sources are no client of a Service; this
+/// node's pods' are forged (from_uplink6 drops them); nor the node itself, the unspecified
+/// address or multicast (ff00::/8).
+#[inline(always)]
+pub fn lan_source(config: &DatapathConfig, src: &[u8; 16]) -> bool {
+    !(ipv6::is_link_scope(src)
+        || *src == config.node_ipv6
+        || *src == [0; 16]
+        || src[0] == 0xff
+        || config.in_node_pods6(src)
+        || config.in_cluster6(src) && maps::ENDPOINTS.get_ptr(&IpKey::v6(*src)).is_some())
 }

@@ -7,7 +7,7 @@
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{ForwardPath, SVC_CT_REPLY};
 
-use super::{ct, icmp_error, lan_affinity, xlate, xlate6};
+use super::{ct, icmp_error, icmp_error6, lan_affinity, xlate, xlate6};
 use crate::{
     config,
     flow::{self, Flow, PROTO_TCP, PROTO_UDP},
@@ -46,7 +46,8 @@ pub fn egress6(ctx: &TcContext) -> i32 {
     if !flow::is_ipv6(ctx) {
         return packet::PASS;
     }
-    let Ok(flow) = Flow6::parse(ctx) else { return packet::PASS };
+    // Without ports: an ICMPv6 error may be about a translated flow (`icmp_error6.rs`).
+    let Ok(flow) = Flow6::parse(ctx) else { return icmp_error6::from_backend(ctx) };
     let key = &flow.key;
     if key.protocol != PROTO_TCP && key.protocol != PROTO_UDP || !config::get().in_node_pods6(&key.src_addr) {
         return packet::PASS;

@@ -29,7 +29,14 @@ pub fn forward(ctx: &TcContext, flow: &Flow6, entry: &SvcCtEntry) -> i32 {
     if let Err(reason) = apply(ctx, flow, entry) {
         return maps::drop(ctx, reason);
     }
-    if let Some(pod) = maps::endpoint(&IpKey::v6(entry.dst_addr)) {
+    send(ctx, &entry.dst_addr)
+}
+
+/// Sends a translated packet to `dst`: into a local backend, or out of the uplink by the FIB
+/// (also an ICMPv6 error about the flow, `icmp_error6.rs`).
+#[inline(always)]
+pub fn send(ctx: &TcContext, dst: &[u8; 16]) -> i32 {
+    if let Some(pod) = maps::endpoint(&IpKey::v6(*dst)) {
         return deliver::into_pod(ctx, &pod, ForwardPath::ServiceTranslated);
     }
     let (Some(eth), Some(ip)) = (packet::header_mut::<EthHdr>(ctx, 0), packet::header_mut::<Ipv6Hdr>(ctx, IP_OFFSET))
