@@ -244,10 +244,18 @@ impl Lan {
         path
     }
 
-    /// `ebpf-cni service-set` on `node`'s network: `frontend` (`0.0.0.0:<port>` or `[::]:<port>`
-    /// for a NodePort) to `backends`, with `extra` flags (`--local`, `--external`,
-    /// `--affinity-seconds N`).
-    pub fn service_set(&self, node: usize, frontend: &str, protocol: &str, backends: &[String], extra: &[&str]) {
+    /// `ebpf-cni service-set` on `node`'s network, the test-only writer of the socket LB's maps
+    /// (the agent's, without the API server): `frontend`'s backends, `extra` further flags (such
+    /// as `--remove`); the command's JSON (what settling did: `reconnected`, `destroyed`,
+    /// `lan_flows`).
+    pub fn service_set(
+        &self,
+        node: usize,
+        frontend: &str,
+        protocol: &str,
+        backends: &[String],
+        extra: &[&str],
+    ) -> Value {
         let tb = &self.nodes[node];
         let mut command = std::process::Command::new(&tb.plugin.binary);
         command.args(["service-set", "--network", &tb.network, "--bpffs-root"]).arg(tb.bpffs_root());
@@ -257,6 +265,7 @@ impl Lan {
         }
         let out = command.output().expect("running service-set");
         assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("service-set's JSON")
     }
 
     /// DEL of pod number `pod` of `node` through the node's conflist.
@@ -374,4 +383,9 @@ fn reference_node_setup(node: &Testbed, cluster_cidr: &str) -> Result<()> {
         "MASQUERADE",
     ];
     run_in(ns, "iptables", &rule).map(drop)
+}
+
+/// `ip:port` as `service-set` takes it (`[ip6]:port` for IPv6).
+pub fn at(ip: impl std::fmt::Display, port: u16) -> String {
+    std::net::SocketAddr::new(ip.to_string().parse().expect("an IP address"), port).to_string()
 }

@@ -22,7 +22,6 @@ pub mod prog_run;
 pub mod prometheus;
 pub mod runtime;
 pub mod service_probe;
-pub mod service_set;
 mod testbed;
 pub mod traffic;
 pub mod upgrade;

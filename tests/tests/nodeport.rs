@@ -10,7 +10,7 @@
 //! state are not translated, a short datagram gets no larger answer; nothing left after the DELs.
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -18,7 +18,7 @@ use std::{
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
     frames::{checksums_valid, ethernet, ipv4, ipv4_udp, ipv6, ipv6_checksum_valid, tcp, with_checksums},
-    lan::{Ipv6Plan, LAN_HOST, LAN_HOST_V6, LAN_NODE_IPS, LAN_NODE_IPV6S, Lan, LanPod},
+    lan::{Ipv6Plan, LAN_HOST, LAN_HOST_V6, LAN_NODE_IPS, LAN_NODE_IPV6S, Lan, LanPod, at},
     prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run},
     run_in,
     service_probe::{TCP_PORT, Tagged, UDP_PORT},
@@ -74,10 +74,6 @@ fn udp_call(netns: &str, to: SocketAddr) -> Answer {
         }
     })
     .unwrap()
-}
-
-fn at(ip: impl Into<IpAddr>, port: u16) -> String {
-    SocketAddr::new(ip.into(), port).to_string()
 }
 
 fn node1(port: u16) -> SocketAddr {

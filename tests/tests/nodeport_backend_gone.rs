@@ -11,9 +11,8 @@ use std::{
 
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
-    lan::{LAN_HOST, LAN_NODE_IPS, Lan},
+    lan::{LAN_HOST, LAN_NODE_IPS, Lan, at},
     service_probe::{TCP_PORT, Tagged, UDP_PORT},
-    service_set::{at, service_set},
     traffic::in_netns,
 };
 
@@ -60,15 +59,15 @@ fn lan_flows_to_a_removed_backend_end_at_once() {
         ("backend on node 2 (SNAT)", 30081, &to_b, &to_a, format!("B {node1_ip}"), format!("A {LAN_HOST}")),
     ] {
         let frontend = format!("0.0.0.0:{port}");
-        service_set(&lan, 0, &frontend, "tcp", std::slice::from_ref(first), &[]);
+        lan.service_set(0, &frontend, "tcp", std::slice::from_ref(first), &[]);
         let mut stream = in_netns(&host, move || Ok(TcpStream::connect_timeout(&node1(port), Duration::from_secs(2))?))
             .unwrap_or_else(|e| panic!("{what}: connecting: {e:#}"));
         stream.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         assert_eq!(ask(&mut stream), Ok(first_answer.clone()), "{what}: before");
         assert_eq!(ask(&mut stream), Ok(first_answer), "{what}: the connection lasts");
 
-        let settled = service_set(&lan, 0, &frontend, "tcp", std::slice::from_ref(then), &[]);
-        assert_eq!(settled["lanFlows"].as_u64().or(settled["lan_flows"].as_u64()), Some(1), "{what}: {settled}");
+        let settled = lan.service_set(0, &frontend, "tcp", std::slice::from_ref(then), &[]);
+        assert_eq!(settled["lan_flows"].as_u64(), Some(1), "{what}: {settled}");
         // The next segment meets the node's stack: a RST at once, not a read timing out.
         let ended = ask(&mut stream);
         println!("{what}: the open connection after its backend went: {ended:?}");
@@ -86,7 +85,7 @@ fn lan_flows_to_a_removed_backend_end_at_once() {
     }
 
     // UDP: the same socket's next datagram opens a flow to the live backend.
-    service_set(&lan, 0, "0.0.0.0:30053", "udp", &[at(a.ip, UDP_PORT)], &[]);
+    lan.service_set(0, "0.0.0.0:30053", "udp", &[at(a.ip, UDP_PORT)], &[]);
     let socket = in_netns(&host, || {
         let socket = UdpSocket::bind("0.0.0.0:0")?;
         socket.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -95,8 +94,8 @@ fn lan_flows_to_a_removed_backend_end_at_once() {
     })
     .unwrap();
     assert_eq!(ask_udp(&socket).unwrap(), format!("A {LAN_HOST}"), "UDP before");
-    let settled = service_set(&lan, 0, "0.0.0.0:30053", "udp", &[at(b.ip, UDP_PORT)], &[]);
-    assert_eq!(settled["lanFlows"].as_u64().or(settled["lan_flows"].as_u64()), Some(1), "UDP: {settled}");
+    let settled = lan.service_set(0, "0.0.0.0:30053", "udp", &[at(b.ip, UDP_PORT)], &[]);
+    assert_eq!(settled["lan_flows"].as_u64(), Some(1), "UDP: {settled}");
     assert_eq!(ask_udp(&socket).unwrap(), format!("B {node1_ip}"), "UDP after its backend went");
 
     drop((a, b));

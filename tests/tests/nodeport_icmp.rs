@@ -42,15 +42,6 @@ fn mac_of(netns: &str, ifname: &str) -> [u8; 6] {
     bytes.try_into().unwrap()
 }
 
-fn service_set(lan: &Lan, frontend: &str, protocol: &str, backend: &str) {
-    let tb = &lan.nodes[0];
-    let mut command = std::process::Command::new(&tb.plugin.binary);
-    command.args(["service-set", "--network", &tb.network, "--bpffs-root"]).arg(tb.bpffs_root());
-    command.args(["--frontend", frontend, "--protocol", protocol, "--backend", backend]);
-    let out = command.output().unwrap();
-    assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// An IPv4 packet as an ICMP error quotes it: header and L4 checksums right.
 fn quoted(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4: &[u8]) -> Vec<u8> {
     with_checksums([ethernet([0; 6], [0; 6], ETH_IPV4), ipv4(src, dst, proto, l4)].concat())[14..].to_vec()
@@ -203,10 +194,10 @@ fn icmp_errors_of_nodeport_flows_are_translated() {
     let node1_mac = mac_of(&lan.nodes[0].node.name, "eth0");
     let node: Ipv4Addr = LAN_NODE_IPS[0].parse().unwrap();
     let (client, router): (Ipv4Addr, Ipv4Addr) = (LAN_HOST.parse().unwrap(), LAN_ROUTER.parse().unwrap());
-    service_set(&lan, "0.0.0.0:30100", "tcp", &format!("{}:{TCP_BACKEND}", a.ip));
-    service_set(&lan, "0.0.0.0:30101", "udp", &format!("{}:{UDP_CLOSED}", a.ip));
-    service_set(&lan, "0.0.0.0:30102", "udp", &format!("{}:{UDP_CLOSED}", b.ip));
-    service_set(&lan, "0.0.0.0:30103", "tcp", &format!("{}:{TCP_BACKEND}", b.ip));
+    lan.service_set(0, "0.0.0.0:30100", "tcp", &[format!("{}:{TCP_BACKEND}", a.ip)], &[]);
+    lan.service_set(0, "0.0.0.0:30101", "udp", &[format!("{}:{UDP_CLOSED}", a.ip)], &[]);
+    lan.service_set(0, "0.0.0.0:30102", "udp", &[format!("{}:{UDP_CLOSED}", b.ip)], &[]);
+    lan.service_set(0, "0.0.0.0:30103", "tcp", &[format!("{}:{TCP_BACKEND}", b.ip)], &[]);
     let tb = &lan.nodes[0];
 
     // (a) A TCP flow to a local backend, kept open; the router then reports a smaller MTU on

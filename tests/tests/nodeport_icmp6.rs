@@ -46,15 +46,6 @@ fn mac_of(netns: &str, ifname: &str) -> [u8; 6] {
     bytes.try_into().unwrap()
 }
 
-fn service_set(lan: &Lan, frontend: &str, protocol: &str, backend: &str) {
-    let tb = &lan.nodes[0];
-    let mut command = std::process::Command::new(&tb.plugin.binary);
-    command.args(["service-set", "--network", &tb.network, "--bpffs-root"]).arg(tb.bpffs_root());
-    command.args(["--frontend", frontend, "--protocol", protocol, "--backend", backend]);
-    let out = command.output().unwrap();
-    assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// An ICMPv6 error of `kind` (type, code) with 4 more bytes `rest`, quoting `quote`, from `src`
 /// to `dst` in a frame to `to_mac`.
 fn icmp6_error(to_mac: [u8; 6], src: Ipv6Addr, dst: Ipv6Addr, kind: (u8, u8), rest: [u8; 4], quote: &[u8]) -> Vec<u8> {
@@ -192,8 +183,8 @@ fn icmpv6_errors_of_nodeport_flows_are_translated() {
     let node1_mac = mac_of(&lan.nodes[0].node.name, "eth0");
     let node: Ipv6Addr = LAN_NODE_IPV6S[0].parse().unwrap();
     let (client, router): (Ipv6Addr, Ipv6Addr) = (LAN_HOST_V6.parse().unwrap(), LAN_ROUTER_V6.parse().unwrap());
-    service_set(&lan, "[::]:30100", "tcp", &format!("[{a6}]:{TCP_BACKEND}"));
-    service_set(&lan, "[::]:30101", "udp", &format!("[{a6}]:{UDP_CLOSED}"));
+    lan.service_set(0, "[::]:30100", "tcp", &[format!("[{a6}]:{TCP_BACKEND}")], &[]);
+    lan.service_set(0, "[::]:30101", "udp", &[format!("[{a6}]:{UDP_CLOSED}")], &[]);
     let tb = &lan.nodes[0];
 
     // (a) A TCP flow to a local backend, kept open; the router then reports a smaller MTU on the

@@ -8,37 +8,18 @@
 //! UDP socket moved to a live backend within 1 s of its backend's removal, an open TCP
 //! connection to a removed backend ended at once, and nothing left after the last DEL.
 use std::{
-    net::SocketAddr,
     process::Command,
     time::{Duration, Instant},
 };
 
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
-    lan::{Ipv6Plan, Lan},
+    lan::{Ipv6Plan, Lan, at},
     run, run_in,
     service_probe::{Client, TCP_PORT, Tagged, UDP_PORT},
 };
 use ebpf_common::{DropReason, ForwardPath};
 use serde_json::{Value, json};
-
-/// `ebpf-cni service-set` on node 1's network: what settling did.
-fn service_set(lan: &Lan, frontend: &str, protocol: &str, backends: &[String], extra: &[&str]) -> Value {
-    let tb = &lan.nodes[0];
-    let mut command = Command::new(&tb.plugin.binary);
-    command.args(["service-set", "--network", &tb.network, "--bpffs-root"]).arg(tb.bpffs_root());
-    command.args(["--frontend", frontend, "--protocol", protocol]).args(extra);
-    for backend in backends {
-        command.args(["--backend", backend]);
-    }
-    let out = command.output().unwrap();
-    assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn at(ip: impl std::fmt::Display, port: u16) -> String {
-    SocketAddr::new(ip.to_string().parse().unwrap(), port).to_string()
-}
 
 #[test]
 fn services_are_translated_at_connect_time() {
@@ -70,7 +51,7 @@ fn services_are_translated_at_connect_time() {
     assert_eq!(attached.as_array().map(Vec::len), Some(8), "{attached}");
 
     let (a6, b6) = (a.ip6.unwrap(), b.ip6.unwrap());
-    let set = |f: &str, p: &str, backends: &[String]| service_set(&lan, f, p, backends, &[]);
+    let set = |f: &str, p: &str, backends: &[String]| lan.service_set(0, f, p, backends, &[]);
     set("10.96.0.10:80", "tcp", &[at(a.ip, TCP_PORT)]);
     set("10.96.0.10:53", "udp", &[at(a.ip, UDP_PORT)]);
     set("10.96.0.20:80", "tcp", &[at(b.ip, TCP_PORT)]);
@@ -80,7 +61,7 @@ fn services_are_translated_at_connect_time() {
     set("10.96.0.30:80", "tcp", &[]);
     set("10.96.0.30:53", "udp", &[]);
     let both = [at(a.ip, TCP_PORT), at(b.ip, TCP_PORT)];
-    service_set(&lan, "10.96.0.40:80", "tcp", &both, &["--affinity-seconds", "60"]);
+    lan.service_set(0, "10.96.0.40:80", "tcp", &both, &["--affinity-seconds", "60"]);
 
     let node1 = &lan.nodes[0];
     let (local_before, remote_before, stack_before) = (
@@ -162,7 +143,7 @@ fn services_are_translated_at_connect_time() {
         .unwrap();
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 11, "{listed}");
-    let gone = service_set(&lan, "10.96.0.60:80", "tcp", &[], &["--remove"]);
+    let gone = lan.service_set(0, "10.96.0.60:80", "tcp", &[], &["--remove"]);
     assert_eq!(gone["destroyed"], json!(0));
     assert_eq!(lan.nodes[0].map_len("SVC_FRONTENDS").unwrap(), 10);
 

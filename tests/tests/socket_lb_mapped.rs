@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
-    lan::Lan,
+    lan::{Lan, at},
     service_probe::{Client, TCP_PORT, Tagged, UDP_PORT},
-    service_set::{at, service_set},
 };
 use ebpf_common::{DropReason, ForwardPath};
 use serde_json::json;
@@ -28,7 +27,7 @@ fn v4_mapped_sockets_are_translated_at_connect_time() {
     let (client, a) = (lan.add_pod(0).unwrap(), lan.add_pod(0).unwrap());
     let b = lan.add_pod(1).unwrap();
     let (_a_servers, _b_servers) = (Tagged::start(&a.netns, "A"), Tagged::start(&b.netns, "B"));
-    let set = |f: &str, p: &str, backends: &[String]| service_set(&lan, 0, f, p, backends, &[]);
+    let set = |f: &str, p: &str, backends: &[String]| lan.service_set(0, f, p, backends, &[]);
     set("10.96.0.10:80", "tcp", &[at(a.ip, TCP_PORT)]);
     set("10.96.0.10:53", "udp", &[at(a.ip, UDP_PORT)]);
     set("10.96.0.20:53", "udp", &[at(b.ip, UDP_PORT)]);
