@@ -220,6 +220,15 @@ impl Lan {
         self.runtimes[node].use_node_conf(path);
     }
 
+    /// Every node runs `plugin` from the next call on, for every verb and for `service-set`: an
+    /// upgrade of the binary (or a rollback), the nodes' pins and pods left as they are.
+    pub fn use_plugin(&mut self, plugin: &Plugin) {
+        for (node, runtime) in self.nodes.iter_mut().zip(&mut self.runtimes) {
+            node.plugin = plugin.clone();
+            runtime.search_first(plugin.dir());
+        }
+    }
+
     /// Gives `node` a node file whose primary network serves Services itself
     /// (`kubeProxyReplacement`), its programs in `cgroup` (the test's own, never the machine's
     /// root), masquerading, with the cluster range(s) `cluster_cidr` (IPv4, then IPv6 after a
