@@ -24,10 +24,9 @@ use std::{
 use ebpf_cni_tests::{
     Plugin, Testbed,
     cgroup::TestCgroup,
-    lan::{LAN_HOST, LAN_NODE_IPS, Lan, LanPod, PodNetwork},
+    lan::{LAN_HOST, LAN_NODE_IPS, Lan, LanPod, PodNetwork, at},
     require_privileges, run, run_in,
     service_probe::{Client, TCP_PORT, Tagged, UDP_PORT},
-    service_set::at,
     traffic::in_netns,
     upgrade::release_plugin,
 };
@@ -138,17 +137,6 @@ fn ask(stream: &mut TcpStream) -> Result<String, (i32, Duration)> {
     }
 }
 
-/// `service-set` of `plugin` (the old binary or this build's) on node 1's network: what
-/// settling did, as that binary prints it.
-fn service_set(plugin: &Plugin, tb: &Testbed, frontend: &str, protocol: &str, backend: &str) -> Value {
-    let mut command = Command::new(&plugin.binary);
-    command.args(["service-set", "--network", &tb.network, "--bpffs-root"]).arg(tb.bpffs_root());
-    command.args(["--frontend", frontend, "--protocol", protocol, "--backend", backend]);
-    let out = command.output().unwrap();
-    assert!(out.status.success(), "service-set {frontend}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-}
-
 /// Every program of `tb`'s datapath by where it is, with its id: the pinned ones, those on the
 /// uplink's tc hooks, and (node 1) those attached to the socket LB's cgroup.
 fn programs(tb: &Testbed, cgroup: Option<&TestCgroup>) -> BTreeMap<String, u64> {
@@ -194,10 +182,9 @@ fn services_keep_working_across_an_upgrade_from_the_previous_release() {
     let (_a, _b) = (Tagged::naming_peers(&a.netns, "A"), Tagged::naming_peers(&b.netns, "B"));
     let (cluster_tcp, cluster_udp) = (format!("{CLUSTER_IP}:80"), format!("{CLUSTER_IP}:53"));
     let node_port_frontend = format!("0.0.0.0:{NODE_PORT}");
-    let tb = &lan.nodes[0];
-    service_set(&old, tb, &cluster_tcp, "tcp", &at(a.ip, TCP_PORT));
-    service_set(&old, tb, &cluster_udp, "udp", &at(a.ip, UDP_PORT));
-    service_set(&old, tb, &node_port_frontend, "tcp", &at(a.ip, TCP_PORT));
+    lan.service_set(0, &cluster_tcp, "tcp", &[at(a.ip, TCP_PORT)], &[]);
+    lan.service_set(0, &cluster_udp, "udp", &[at(a.ip, UDP_PORT)], &[]);
+    lan.service_set(0, &node_port_frontend, "tcp", &[at(a.ip, TCP_PORT)], &[]);
     let loaded = [programs(&lan.nodes[0], Some(&cgroup)), programs(&lan.nodes[1], None)];
     assert!(loaded[0].keys().any(|p| p.starts_with("cgroup ")), "no socket LB in the cgroup: {:?}", loaded[0]);
     assert!(loaded[0].keys().any(|p| p.starts_with("eth0 ")), "nothing on node 1's uplink: {:?}", loaded[0]);
@@ -246,19 +233,18 @@ fn services_keep_working_across_an_upgrade_from_the_previous_release() {
     let checks = checking.elapsed();
 
     // 3. This build's service-set moves every frontend to b and settles what went to a.
-    let tb = &lan.nodes[0];
     tcp.say("hold");
-    let settled = service_set(&new, tb, &cluster_tcp, "tcp", &at(b.ip, TCP_PORT));
+    let settled = lan.service_set(0, &cluster_tcp, "tcp", &[at(b.ip, TCP_PORT)], &[]);
     let moved = Instant::now();
-    // The open connection; settling dumps sockets of every state, so step 2's closed one, in
-    // TIME-WAIT in the client's namespace (which has a process), may be counted too.
+    // The open connection; step 2's, closed, is left to its timers once no file holds it, but
+    // its client process may still be exiting: then it is destroyed too.
     let destroyed = settled["destroyed"].as_u64().unwrap_or_default();
     assert!((1..=2).contains(&destroyed), "ClusterIP TCP: {settled}");
     let ended = tcp.next(Duration::from_secs(1));
     let tcp_ended = moved.elapsed();
     assert_eq!(ended["ended"], json!(libc::ECONNABORTED), "the ClusterIP TCP connection to a: {ended}");
 
-    let settled = service_set(&new, tb, &cluster_udp, "udp", &at(b.ip, UDP_PORT));
+    let settled = lan.service_set(0, &cluster_udp, "udp", &[at(b.ip, UDP_PORT)], &[]);
     let moved = Instant::now();
     assert_eq!(settled["reconnected"], json!(1), "ClusterIP UDP: {settled}");
     let to_b = json!({"peer": format!("{CLUSTER_IP}:53"), "reply": format!("B {}", client.ip)});
@@ -273,7 +259,7 @@ fn services_keep_working_across_an_upgrade_from_the_previous_release() {
     let udp_moved = moved.elapsed();
     assert!(udp_moved < Duration::from_secs(1), "the connected UDP socket reached b after {udp_moved:?}");
 
-    let settled = service_set(&new, tb, &node_port_frontend, "tcp", &at(b.ip, TCP_PORT));
+    let settled = lan.service_set(0, &node_port_frontend, "tcp", &[at(b.ip, TCP_PORT)], &[]);
     // The open connection and step 2's closed one, whose entries stay until they age.
     assert_eq!(settled["lan_flows"].as_u64().or(settled["lanFlows"].as_u64()), Some(2), "NodePort: {settled}");
     let (reset, lan_ended) = match ask(&mut lan_stream) {

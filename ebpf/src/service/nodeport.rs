@@ -124,7 +124,7 @@ fn new_flow(ctx: &TcContext) -> i32 {
     let node = ipv4_in_16(config::get().node_ipv4);
     let Some(service) = frontend::external(&key, &node) else { return packet::PASS };
     match open(&key, flow.opens(), &service, node) {
-        Opened::Flow(_) => OPENED,
+        Opened::Flow => OPENED,
         Opened::Pass => packet::PASS,
         Opened::Drop(reason) => maps::drop(ctx, reason),
         Opened::Reject => REJECT,

@@ -100,7 +100,7 @@ fn new_flow(ctx: &TcContext) -> i32 {
     let node = config::get().node_ipv6;
     let Some(service) = frontend::external(key, &node) else { return packet::PASS };
     match open(key, flow.opens(), &service, node) {
-        Opened::Flow(_) => OPENED,
+        Opened::Flow => OPENED,
         Opened::Pass => packet::PASS,
         Opened::Drop(reason) => maps::drop(ctx, reason),
         Opened::Reject => REJECT,

@@ -10,8 +10,8 @@ use super::{ct, frontend, share, snat_port};
 use crate::{flow::PROTO_TCP, maps};
 
 pub enum Opened {
-    /// The forward entry, to translate the packet by.
-    Flow(SvcCtEntry),
+    /// The flow's entries are written: its packets, this one first, are translated by them.
+    Flow,
     /// Not a packet that opens a flow (a TCP segment other than a SYN): no state, untranslated.
     Pass,
     Drop(DropReason),
@@ -64,7 +64,7 @@ pub fn open(key: &FlowKey, opens: bool, service: &Service, node: [u8; 16]) -> Op
         (node, port)
     };
     match ct::open(key, &ct::Translation { src, dst: to }) {
-        Some(entry) => Opened::Flow(entry),
+        Some(_) => Opened::Flow,
         None => {
             let unwritten = SvcCtEntry {
                 src_addr: src.0,

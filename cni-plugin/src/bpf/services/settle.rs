@@ -147,7 +147,10 @@ fn settle_in(netns: &PathBuf, sockets: &mut Sockets, jobs: &[Job]) -> anyhow::Re
         for socket in diag.dump(family, protocol)? {
             let backend = backend_of(&socket);
             let mut candidates = jobs.iter().filter(|j| kinds(j.frontend).contains(&(family, protocol)));
-            if socket.state == LISTEN || !candidates.clone().any(|j| j.removed.contains(&backend)) {
+            // A socket no file holds (inode 0: TIME-WAIT, or orphaned by its application's
+            // close) is a connection its application is done with: its timers end it.
+            let closed = socket.inode == 0;
+            if socket.state == LISTEN || closed || !candidates.clone().any(|j| j.removed.contains(&backend)) {
                 continue;
             }
             let key = SocketKey { cookie: socket.cookie, backend: backend_value(backend), pad: 0 };
