@@ -284,11 +284,7 @@ impl Lan {
 
     /// The MAC address of `node`'s eth0: what its frames on the LAN come from.
     pub fn node_mac(&self, node: usize) -> Result<[u8; 6]> {
-        let out = run_in(&self.nodes[node].node.name, "ip", &["-j", "link", "show", "dev", "eth0"])?;
-        let links: Value = serde_json::from_slice(&out.stdout)?;
-        let text = links[0]["address"].as_str().context("eth0 without a MAC")?;
-        let bytes: Vec<u8> = text.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>()?;
-        bytes.try_into().map_err(|_| anyhow::anyhow!("MAC of the wrong length: {text}"))
+        link_mac(&self.nodes[node].node.name, "eth0")
     }
 }
 
@@ -397,4 +393,13 @@ fn reference_node_setup(node: &Testbed, cluster_cidr: &str) -> Result<()> {
 /// `ip:port` as `service-set` takes it (`[ip6]:port` for IPv6).
 pub fn at(ip: impl std::fmt::Display, port: u16) -> String {
     std::net::SocketAddr::new(ip.to_string().parse().expect("an IP address"), port).to_string()
+}
+
+/// The MAC address of link `ifname` in namespace `netns`.
+pub fn link_mac(netns: &str, ifname: &str) -> Result<[u8; 6]> {
+    let out = run_in(netns, "ip", &["-j", "link", "show", "dev", ifname])?;
+    let links: Value = serde_json::from_slice(&out.stdout)?;
+    let text = links[0]["address"].as_str().with_context(|| format!("{ifname} without a MAC"))?;
+    let bytes: Vec<u8> = text.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>()?;
+    bytes.try_into().map_err(|_| anyhow::anyhow!("MAC of the wrong length: {text}"))
 }

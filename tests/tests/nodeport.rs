@@ -18,7 +18,7 @@ use std::{
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
     frames::{checksums_valid, ethernet, ipv4, ipv4_udp, ipv6, ipv6_checksum_valid, tcp, with_checksums},
-    lan::{Ipv6Plan, LAN_HOST, LAN_HOST_V6, LAN_NODE_IPS, LAN_NODE_IPV6S, Lan, LanPod, at},
+    lan::{Ipv6Plan, LAN_HOST, LAN_HOST_V6, LAN_NODE_IPS, LAN_NODE_IPV6S, Lan, LanPod, at, link_mac},
     prog_run::{TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, expect, run},
     run_in,
     service_probe::{TCP_PORT, Tagged, UDP_PORT},
@@ -92,15 +92,6 @@ fn node1_mac() -> [u8; 6] {
     *NODE1_MAC.get().expect("node 1's MAC is read first")
 }
 
-/// The MAC of `ifname` in namespace `netns`.
-fn mac_of(netns: &str, ifname: &str) -> [u8; 6] {
-    let out = run_in(netns, "ip", &["-j", "link", "show", ifname]).unwrap();
-    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let text = links[0]["address"].as_str().unwrap().to_string();
-    let bytes: Vec<u8> = text.split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
-    bytes.try_into().unwrap()
-}
-
 /// A crafted frame from the LAN through node 1's `svc_from_uplink`.
 fn from_lan(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4: &[u8]) -> Vec<u8> {
     with_checksums([ethernet(node1_mac(), [2; 6], ETH_IPV4), ipv4(src, dst, proto, l4)].concat())
@@ -138,7 +129,7 @@ fn nodeports_are_translated_per_packet() {
     let (_a, _b) = (Tagged::naming_peers(&a.netns, "A"), Tagged::naming_peers(&b.netns, "B"));
     let host = lan.host.name.clone();
     let node1_ns = lan.nodes[0].node.name.clone();
-    let _ = NODE1_MAC.set(mac_of(&node1_ns, "eth0"));
+    let _ = NODE1_MAC.set(link_mac(&node1_ns, "eth0").unwrap());
 
     // No kube-proxy: not one rule in node 1's netfilter.
     let ruleset = run_in(&node1_ns, "nft", &["list", "ruleset"]).unwrap();

@@ -18,7 +18,7 @@ use std::{
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
     frames::{checksum, checksums_valid, ethernet, ipv4, tcp, with_checksums},
-    lan::{LAN_HOST, LAN_NODE_IPS, LAN_ROUTER, Lan, LanPod},
+    lan::{LAN_HOST, LAN_NODE_IPS, LAN_ROUTER, Lan, LanPod, link_mac},
     prog_run::{TC_ACT_REDIRECT, TC_ACT_UNSPEC, expect, run},
     run_in,
     traffic::{PacketSocket, icmp_listener, in_netns, tcp_connect, tcp_listener},
@@ -33,14 +33,6 @@ const MTU: u16 = 1200;
 const TCP_BACKEND: u16 = 9100;
 const UDP_CLOSED: u16 = 9101;
 const CLIENT_PORT: u16 = 41_234;
-
-fn mac_of(netns: &str, ifname: &str) -> [u8; 6] {
-    let out = run_in(netns, "ip", &["-j", "link", "show", ifname]).unwrap();
-    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let text = links[0]["address"].as_str().unwrap().to_string();
-    let bytes: Vec<u8> = text.split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
-    bytes.try_into().unwrap()
-}
 
 /// An IPv4 packet as an ICMP error quotes it: header and L4 checksums right.
 fn quoted(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4: &[u8]) -> Vec<u8> {
@@ -191,7 +183,7 @@ fn icmp_errors_of_nodeport_flows_are_translated() {
     let a = lan.add_pod(0).unwrap();
     let b = lan.add_pod(1).unwrap();
     let (host, ext) = (lan.host.name.clone(), lan.ext.name.clone());
-    let node1_mac = mac_of(&lan.nodes[0].node.name, "eth0");
+    let node1_mac = link_mac(&lan.nodes[0].node.name, "eth0").unwrap();
     let node: Ipv4Addr = LAN_NODE_IPS[0].parse().unwrap();
     let (client, router): (Ipv4Addr, Ipv4Addr) = (LAN_HOST.parse().unwrap(), LAN_ROUTER.parse().unwrap());
     lan.service_set(0, "0.0.0.0:30100", "tcp", &[format!("{}:{TCP_BACKEND}", a.ip)], &[]);
@@ -221,7 +213,7 @@ fn icmp_errors_of_nodeport_flows_are_translated() {
     // Then on the wire, from the router: the backend's kernel takes it for its flow.
     let ext_link = PacketSocket::open(&ext, "eth0").unwrap();
     let mut live = error.clone();
-    live[6..12].copy_from_slice(&mac_of(&ext, "eth0"));
+    live[6..12].copy_from_slice(&link_mac(&ext, "eth0").unwrap());
     let translated = tb.forwarded(ForwardPath::ServiceTranslated).unwrap();
     ext_link.send(&live).unwrap();
     assert_eq!(route_mtu(&a.netns, LAN_HOST), Some(MTU), "the backend did not learn the path MTU");
@@ -233,7 +225,7 @@ fn icmp_errors_of_nodeport_flows_are_translated() {
     let remote = kept_open(&host, &b.netns, SocketAddr::new(node.into(), 30103), remote_port);
     let seq2 = next_seq(&capture, node, 30103, remote_port);
     let mut live = frag_needed(node1_mac, router, node, &quoted(node, client, 6, &tcp_seq(30103, remote_port, seq2)));
-    live[6..12].copy_from_slice(&mac_of(&ext, "eth0"));
+    live[6..12].copy_from_slice(&link_mac(&ext, "eth0").unwrap());
     ext_link.send(&live).unwrap();
     assert_eq!(route_mtu(&b.netns, LAN_NODE_IPS[0]), Some(MTU), "the remote backend did not learn the path MTU");
     drop(remote);
@@ -305,7 +297,7 @@ fn attacks(
     let _ = pod_link.received();
     let ext_link = PacketSocket::open(&lan.ext.name, "eth0").unwrap();
     let mut frame = frag_needed(node1_mac, router, node, &stray);
-    frame[6..12].copy_from_slice(&mac_of(&lan.ext.name, "eth0"));
+    frame[6..12].copy_from_slice(&link_mac(&lan.ext.name, "eth0").unwrap());
     ext_link.send(&frame).unwrap();
     assert!(!saw_icmp(&pod_link), "a forged ICMP error reached the pod");
 }

@@ -17,7 +17,7 @@ use std::{
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
     frames::{ethernet, ipv6, ipv6_checksum_valid, tcp},
-    lan::{Ipv6Plan, LAN_HOST_V6, LAN_NODE_IPV6S, LAN_ROUTER_V6, Lan, LanPod},
+    lan::{Ipv6Plan, LAN_HOST_V6, LAN_NODE_IPV6S, LAN_ROUTER_V6, Lan, LanPod, link_mac},
     prog_run::{TC_ACT_REDIRECT, TC_ACT_UNSPEC, expect, run},
     run_in,
     traffic::{PacketSocket, in_netns, tcp_connect},
@@ -37,14 +37,6 @@ const PLAN: Ipv6Plan =
     Ipv6Plan { cluster_cidr: "fd00:10:195::/56", subnets: ["fd00:10:195:1::/64", "fd00:10:195:2::/64"] };
 /// Where the quoted IPv6 header starts in an Ethernet frame carrying an ICMPv6 error.
 const INNER: usize = 14 + 40 + 8;
-
-fn mac_of(netns: &str, ifname: &str) -> [u8; 6] {
-    let out = run_in(netns, "ip", &["-j", "link", "show", ifname]).unwrap();
-    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let text = links[0]["address"].as_str().unwrap().to_string();
-    let bytes: Vec<u8> = text.split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
-    bytes.try_into().unwrap()
-}
 
 /// An ICMPv6 error of `kind` (type, code) with 4 more bytes `rest`, quoting `quote`, from `src`
 /// to `dst` in a frame to `to_mac`.
@@ -180,7 +172,7 @@ fn icmpv6_errors_of_nodeport_flows_are_translated() {
     let a = lan.add_pod(0).unwrap();
     let a6 = a.ip6.unwrap();
     let (host, ext) = (lan.host.name.clone(), lan.ext.name.clone());
-    let node1_mac = mac_of(&lan.nodes[0].node.name, "eth0");
+    let node1_mac = link_mac(&lan.nodes[0].node.name, "eth0").unwrap();
     let node: Ipv6Addr = LAN_NODE_IPV6S[0].parse().unwrap();
     let (client, router): (Ipv6Addr, Ipv6Addr) = (LAN_HOST_V6.parse().unwrap(), LAN_ROUTER_V6.parse().unwrap());
     lan.service_set(0, "[::]:30100", "tcp", &[format!("[{a6}]:{TCP_BACKEND}")], &[]);
@@ -208,7 +200,7 @@ fn icmpv6_errors_of_nodeport_flows_are_translated() {
     // Then on the wire, from the router: the backend's kernel takes it for its flow.
     let ext_link = PacketSocket::open(&ext, "eth0").unwrap();
     let mut live = error.clone();
-    live[6..12].copy_from_slice(&mac_of(&ext, "eth0"));
+    live[6..12].copy_from_slice(&link_mac(&ext, "eth0").unwrap());
     let translated = tb.forwarded(ForwardPath::ServiceTranslated).unwrap();
     ext_link.send(&live).unwrap();
     assert_eq!(route_mtu(&a.netns, LAN_HOST_V6), Some(MTU), "the backend did not learn the path MTU");
@@ -285,7 +277,7 @@ fn attacks(
     let _ = pod_link.received();
     let ext_link = PacketSocket::open(&lan.ext.name, "eth0").unwrap();
     let mut frame = too_big(node1_mac, router, node, &stray);
-    frame[6..12].copy_from_slice(&mac_of(&lan.ext.name, "eth0"));
+    frame[6..12].copy_from_slice(&link_mac(&lan.ext.name, "eth0").unwrap());
     ext_link.send(&frame).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert!(!saw_icmp6_error(&pod_link), "a forged ICMPv6 error reached the pod");
