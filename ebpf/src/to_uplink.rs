@@ -9,7 +9,7 @@
 //!    unless it is a reply in a flow opened from outside the cluster towards the pod's own
 //!    address (`to_pod` recorded it once the stack accepted the flow's first packet).
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, FAST_PATH_MARK, ForwardPath, IpKey};
+use ebpf_common::{DropReason, FAST_PATH_MARK, ForwardPath, IpKey, ipv4_in_16};
 
 use crate::{config, flow, fragments, icmp_error, maps, node_echoes, packet, snat, stack_epoch, steer};
 
@@ -53,7 +53,10 @@ pub fn egress(ctx: &TcContext) -> i32 {
             let owner = unsafe { (*pod).owner };
             // The pod's ICMP error about a flow opened from outside to its own address (a Service
             // flow from another node's `svc_from_uplink`, say): it leaves as that flow's replies do.
-            if icmp_error::flow_key(ctx).is_some_and(|key| steer::errs_on_outside_flow(&key, owner)) {
+            // Only to that flow's peer, from the pod's own address (an attack review's): an
+            // error quoting one flow must not carry the pod's address to anyone else.
+            let about = |key: &ebpf_common::FlowKey| key.src_addr == ipv4_in_16(src) && key.dst_addr == ipv4_in_16(dst);
+            if icmp_error::flow_key(ctx).is_some_and(|key| about(&key) && steer::errs_on_outside_flow(&key, owner)) {
                 return maps::forwarded(ctx, ForwardPath::NotMasqueraded, packet::PASS);
             }
             return fragments::egress(ctx, owner);

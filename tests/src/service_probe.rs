@@ -99,7 +99,12 @@ impl Client {
     }
 
     pub fn next(&self, within: Duration) -> Value {
-        self.lines.recv_timeout(within).unwrap_or_else(|_| panic!("no result from the client within {within:?}"))
+        self.try_next(within).unwrap_or_else(|| panic!("no result from the client within {within:?}"))
+    }
+
+    /// The client's next result, if one comes within `within`.
+    pub fn try_next(&self, within: Duration) -> Option<Value> {
+        self.lines.recv_timeout(within).ok()
     }
 
     /// Runs a one-shot client to its single result.

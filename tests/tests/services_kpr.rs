@@ -59,9 +59,17 @@ fn from_outside(netns: &str, to: SocketAddrV4) -> Result<String, i32> {
 }
 
 fn slice(name: &str, service: &str, pods: &[&LanPod]) -> Value {
+    slice_of(name, service, pods, &[])
+}
+
+/// A slice listing `pods` ready and `terminating` serving but terminating.
+fn slice_of(name: &str, service: &str, pods: &[&LanPod], terminating: &[&LanPod]) -> Value {
+    let conditions = |ending: bool| json!({ "ready": !ending, "serving": true, "terminating": ending });
     let endpoints: Vec<Value> = pods
         .iter()
-        .map(|p| json!({ "addresses": [p.ip.to_string()], "conditions": { "ready": true, "serving": true, "terminating": false } }))
+        .map(|p| (p, false))
+        .chain(terminating.iter().map(|p| (p, true)))
+        .map(|(p, ending)| json!({ "addresses": [p.ip.to_string()], "conditions": conditions(ending) }))
         .collect();
     json!({ "metadata": { "namespace": "default", "name": name, "labels": { "kubernetes.io/service-name": service } },
             "addressType": "IPv4", "endpoints": endpoints,
@@ -180,9 +188,22 @@ fn the_agent_serves_services_without_kube_proxy() {
     let resolver = Client::start(&cgroup, &client, &["udp", VIP, "53", "300", "0.02"]);
     assert_eq!(resolver.next(Duration::from_secs(3)), json!({"peer": format!("{VIP}:53"), "reply": "A"}));
 
-    // The endpoint moves to the other node: the datapath follows within 100 ms of the event,
-    // and the connected UDP socket reaches the new backend within 1 s.
+    // A rollout: A terminates while B is ready. New connections go to B at once; a connection
+    // already open to A is left to finish (kube-proxy leaves TCP to a terminating endpoint).
+    let held = Client::start(&cgroup, &client, &["tcp-hold", VIP, "80"]);
+    assert_eq!(held.next(Duration::from_secs(3))["reply"], json!("A"));
+    store.put(SLICES, [slice_of("web-1", "web", &[&b], &[&a])]);
+    wait_backends(&lan, &[&b], &agent);
+    assert_eq!(Client::once(&cgroup, &client, &["tcp", VIP, "80"])["reply"], json!("B"), "a new connection");
+    let drained = held.try_next(Duration::from_millis(500));
+    assert!(drained.is_none(), "the connection to the terminating endpoint was ended: {drained:?}");
+
+    // A is gone from the slice: the endpoint has moved to the other node. The datapath follows
+    // within 100 ms of the event, the connection still open to A ends at once, and the
+    // connected UDP socket reaches the new backend within 1 s.
     store.put(SLICES, [slice("web-1", "web", &[&b])]);
+    let gone = held.next(Duration::from_secs(2));
+    assert_eq!(gone["ended"], json!(libc::ECONNABORTED), "the connection to the removed endpoint: {gone}");
     let moved = wait_backends(&lan, &[&b], &agent);
     check_agent_metrics(&lan, &agent);
     println!("EndpointSlice change -> datapath: {moved:?}");

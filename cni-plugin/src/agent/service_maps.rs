@@ -6,7 +6,7 @@
 //! hold (an agent restart finds the previous agent's entries still serving: nothing flaps, since
 //! nothing is written before the model has both first lists), and after that only the changes.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     os::unix::fs::MetadataExt as _,
     sync::mpsc::Sender,
@@ -41,6 +41,9 @@ pub struct MapSink {
     failures: u64,
     /// Backends the writes since the last hand-over took away: their sockets are to settle.
     removals: Vec<maps::Removal>,
+    /// Per map key, backends that were draining (out of the maps already, their connections
+    /// left to finish) and are now gone from the slices: settled with the key's next write.
+    ended: BTreeMap<maps::Frontend, BTreeSet<SocketAddr>>,
     settler: Sender<Vec<maps::Removal>>,
 }
 
@@ -50,6 +53,8 @@ struct Target {
     backends: Vec<SocketAddr>,
     affinity: Option<Duration>,
     exposure: Exposure,
+    /// Backends still listed but taking no new connection: their connections are not settled.
+    draining: Vec<SocketAddr>,
 }
 
 impl MapSink {
@@ -57,8 +62,8 @@ impl MapSink {
         let log = LogSink::default();
         let (desired, pending) = (BTreeMap::new(), BTreeMap::new());
         let settler = super::settling::start(pins.clone());
-        let (checked, removals) = (Instant::now(), Vec::new());
-        Self { pins, desired, pending, writer: None, checked, log, failures: 0, removals, settler }
+        let (checked, removals, ended) = (Instant::now(), Vec::new(), BTreeMap::new());
+        Self { pins, desired, pending, writer: None, checked, log, failures: 0, removals, ended, settler }
     }
 
     /// The inode of the pinned frontend map: a new load pins a new map at the same path.
@@ -135,9 +140,18 @@ impl MapSink {
         let Some((writer, _)) = &mut self.writer else { return Ok(()) };
         let removal = match target {
             None => writer.remove(key)?,
-            Some(t) => Some(writer.upsert_exposed(key, &t.backends, t.affinity, t.exposure)?),
+            Some(t) => {
+                let mut removal = writer.upsert_exposed(key, &t.backends, t.affinity, t.exposure)?;
+                removal.backends.retain(|b| !t.draining.contains(b));
+                Some(removal)
+            }
         };
-        self.removals.extend(removal);
+        let ended = self.ended.remove(&key).unwrap_or_default();
+        self.removals.extend(removal.map(|mut r| {
+            let ended: Vec<SocketAddr> = ended.into_iter().filter(|b| !r.backends.contains(b)).collect();
+            r.backends.extend(ended);
+            r
+        }));
         Ok(())
     }
 }
@@ -162,14 +176,19 @@ fn target(frontend: &Frontend, entry: &Entry) -> (maps::Frontend, Target) {
     let local = entry.local_only && !(backends.is_empty() && entry.when_empty == WhenEmpty::Reject);
     let exposure = Exposure { external: entry.kind.external(), local: entry.kind.external() && local };
     let affinity = entry.affinity_seconds.map(|s| Duration::from_secs(u64::from(s)));
-    (key, Target { backends, affinity, exposure })
+    let draining = entry.draining.iter().map(|b| SocketAddr::new(b.addr, b.port)).collect();
+    (key, Target { backends, affinity, exposure, draining })
 }
 
 impl ServiceSink for MapSink {
     fn upsert(&mut self, frontend: &Frontend, entry: &Entry) {
         self.log.upsert(frontend, entry);
-        self.desired.insert(*frontend, entry.clone());
         let (key, target) = target(frontend, entry);
+        if let Some(old) = self.desired.insert(*frontend, entry.clone()) {
+            let stays = |b: &SocketAddr| target.backends.contains(b) || target.draining.contains(b);
+            let gone = old.draining.iter().map(|b| SocketAddr::new(b.addr, b.port)).filter(|b| !stays(b));
+            self.ended.entry(key).or_default().extend(gone);
+        }
         self.pending.insert(key, Some(target));
     }
 
@@ -177,6 +196,8 @@ impl ServiceSink for MapSink {
         self.log.remove(frontend);
         let Some(entry) = self.desired.remove(frontend) else { return };
         let (key, _) = target(frontend, &entry);
+        let draining = entry.draining.iter().map(|b| SocketAddr::new(b.addr, b.port));
+        self.ended.entry(key).or_default().extend(draining);
         // Another node address's NodePort shares the key: it stays.
         if !self.desired.iter().any(|(f, e)| target(f, e).0 == key) {
             self.pending.insert(key, None);

@@ -94,6 +94,12 @@ pub struct Entry {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_seconds: Option<u32>,
     pub when_empty: WhenEmpty,
+    /// Endpoints still listed that take no new connection (terminating, not ready, beyond the
+    /// cut to the maximum): a change that drops one from `backends` leaves the connections
+    /// open to it alone (no socket destroyed, no flow ended), so a pod draining in a rollout
+    /// finishes them. Once it is gone from the slices, they are ended.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub draining: Vec<Backend>,
 }
 
 /// What the agent tells the datapath, one frontend at a time, only for frontends whose entry

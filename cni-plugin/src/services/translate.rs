@@ -114,10 +114,12 @@ fn port_endpoints<'a>(port: &PortSpec, slices: impl Iterator<Item = &'a SliceSpe
     found.into_iter().map(|((_, number), endpoint)| (endpoint, number)).collect()
 }
 
-/// The usable endpoints of one port and family: all of them, and this node's.
+/// The usable endpoints of one port and family: all of them, and this node's; and every
+/// endpoint listed at all, usable or not.
 struct Sets {
     cluster: Vec<Backend>,
     local: Vec<Backend>,
+    listed: Vec<Backend>,
 }
 
 impl Sets {
@@ -136,7 +138,8 @@ impl Sets {
             // but only while nothing ready is left (kube-proxy's rule, for each set).
             if ready.is_empty() { pick(false) } else { ready }
         };
-        Self { cluster: usable(false), local: usable(true) }
+        let listed = endpoints.iter().map(|(e, port)| backend(e, *port)).collect();
+        Self { cluster: usable(false), local: usable(true), listed }
     }
 
     /// The entry of a frontend of `kind`; whether its backends were cut to `max`.
@@ -149,7 +152,11 @@ impl Sets {
         let when_empty =
             if backends.is_empty() && !self.cluster.is_empty() { WhenEmpty::Drop } else { WhenEmpty::Reject };
         let affinity_seconds = spec.affinity_seconds;
-        (Entry { service, kind, backends, local_only, internal, affinity_seconds, when_empty }, cut)
+        // Listed but taking no new connection (terminating, not ready, beyond the cut): the
+        // connections already open to them are left to finish, as kube-proxy leaves TCP.
+        let draining = self.listed.iter().filter(|b| !backends.contains(b)).cloned().collect();
+        let entry = Entry { service, kind, backends, local_only, internal, affinity_seconds, when_empty, draining };
+        (entry, cut)
     }
 }
 

@@ -55,33 +55,61 @@ pub fn other_way(entry: &SvcCtEntry, protocol: u8, family: u8) -> FlowKey {
 /// Notes a packet of a tracked flow: its time, and the state it moves the flow to. Any UDP reply
 /// establishes; for TCP the backend's SYN-ACK, then the client's ACK; the backend's FIN or RST
 /// closes (the client's comes from the LAN, where anyone can forge it). Both entries get a new
-/// state, so both age by it; a move to ESTABLISHED records the client's ClientIP affinity.
-/// `established` is `lan_affinity`'s `established` (inlined) or `established_call` (a BPF
-/// function), whichever the caller's frame has room for.
+/// state, so both age by it.
+///
+/// The client's ClientIP affinity is recorded once per flow, by `established` (`lan_affinity`'s
+/// `established` inlined, or `established_call`, a BPF function, whichever the caller's frame
+/// has room for): for UDP when the backend's first reply establishes the flow; for TCP at the
+/// backend's first segment after the client's ACK without RST, since our state machine reads
+/// flags, not sequence numbers: a blind ACK from a forged source establishes the flow too, but
+/// the backend answers it with a RST (an attack review's finding). The reply entry's `pad[0]`
+/// says it was recorded.
 #[inline(always)]
 pub fn seen(key: &FlowKey, entry: &SvcCtEntry, tcp_flags: u8, established: fn(&FlowKey, &SvcCtEntry)) {
     // SAFETY: a helper any program may call.
     let now = unsafe { bpf_ktime_get_ns() };
     let state = next_state(entry, key.protocol, tcp_flags);
+    let tcp = key.protocol == PROTO_TCP;
+    // The entry to record the affinity by, by its place in the map, not a copy on this frame
+    // (no room for one); one call site below, as `established` may be inlined.
+    let mut record = None;
     if state != entry.state {
         let stored = set_state(key, state, now);
         set_state(&other_way(entry, key.protocol, key.family), state, now);
-        // Once per flow, and only for one our state machine accepted: a forged SYN never gets
-        // here, so it records no ClientIP affinity. The entry by its place in the map, not a
-        // copy on this frame (`svc_from_uplink` has no room for one).
-        if state == SVC_CT_ESTABLISHED
-            && let Some(stored) = stored
+        if !tcp && state == SVC_CT_ESTABLISHED {
+            record = stored;
+        }
+    } else {
+        let confirms = tcp
+            && state == SVC_CT_ESTABLISHED
+            && entry.direction == SVC_CT_REPLY
+            && tcp_flags & TCP_RST == 0
+            && entry.pad[0] == RECORDED_NOT;
+        let touch = now.wrapping_sub(entry.last_seen_ns) >= TOUCH_NS;
+        if (confirms || touch)
+            && let Some(e) = SVC_CT.get_ptr_mut(key)
         {
             // SAFETY: an LRU value, valid while this program runs.
-            established(key, unsafe { &*stored });
+            unsafe {
+                if touch {
+                    (*e).last_seen_ns = now;
+                }
+                if confirms {
+                    (*e).pad[0] = RECORDED;
+                    record = Some(e);
+                }
+            }
         }
-    } else if now.wrapping_sub(entry.last_seen_ns) >= TOUCH_NS
-        && let Some(e) = SVC_CT.get_ptr_mut(key)
-    {
+    }
+    if let Some(stored) = record {
         // SAFETY: an LRU value, valid while this program runs.
-        unsafe { (*e).last_seen_ns = now };
+        established(key, unsafe { &*stored });
     }
 }
+
+/// `SvcCtEntry::pad[0]` of a TCP reply entry: whether the client's affinity was recorded.
+const RECORDED_NOT: u8 = 0;
+const RECORDED: u8 = 1;
 
 #[inline(always)]
 fn next_state(entry: &SvcCtEntry, protocol: u8, tcp_flags: u8) -> u8 {

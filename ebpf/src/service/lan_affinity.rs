@@ -13,10 +13,12 @@
 //! no room for a secret) sets which of the Service's own backends a victim's next flow gets.
 //!
 //! The wire is hostile, so only a flow our state machine accepts records or refreshes an entry
-//! (`established`): TCP when `SVC_CT` moves to ESTABLISHED (the client's ACK after the
-//! backend's SYN-ACK), UDP when the backend's first reply passes. A SYN from a forged source
-//! only reads the table (`previous`). The timestamp is the last established flow's start, as
-//! kube-proxy's `recent` match is set by each new connection.
+//! (`established`, called by `ct::seen`): TCP at the backend's first segment without RST after
+//! the client's ACK (our states read flags, not sequence numbers: a blind ACK from a forged
+//! source moves the flow to ESTABLISHED too, but the backend answers it with a RST), UDP when
+//! the backend's first reply passes (a forged source's datagram is answered all the same: as
+//! kube-proxy's `recent` match, which every first packet sets). A SYN from a forged source only
+//! reads the table (`previous`). The timestamp is the last established flow's start.
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use ebpf_common::{
     Affinity, AffinityKey, Backend, FAMILY_IPV4, FlowKey, SERVICE_AFFINITY, SERVICE_EXTERNAL, SVC_CT_FORWARD, Service,
@@ -72,7 +74,7 @@ pub fn previous(flow: &FlowKey, service: &Service) -> Option<u16> {
     Some(index)
 }
 
-/// A tracked flow just moved to ESTABLISHED by the packet with `key` (either way) and its
+/// A tracked flow was accepted (see the module's comment) by the packet with `key` (either way) and its
 /// `entry` (the map's, not a copy): its client's affinity names its backend from now on, if
 /// the Service has ClientIP. The Service is found again by its frontend (one lookup, two for a
 /// NodePort): once per established flow of any external Service, never per packet, as

@@ -8,34 +8,42 @@ use std::net::SocketAddr;
 use aya::maps::{HashMap, MapData};
 use ebpf_common::{FlowKey, SVC_CT_FORWARD, SvcCtEntry};
 
-use super::{backend_value, service_key, settle::Job};
+use super::{Maps, backend_value, service_key, settle::Job};
 
 pub(super) type Flows = HashMap<MapData, FlowKey, SvcCtEntry>;
 
-/// Deletes the flows of every job's frontend whose backend the job removed; how many flows.
-pub(super) fn end(flows: &mut Flows, jobs: &[Job]) -> usize {
+/// Deletes the flows of every job's frontend (external ones: the caller filters) whose backend
+/// the job removed; how many flows.
+pub(super) fn end(maps: &mut Maps, jobs: &[Job]) -> usize {
     if jobs.is_empty() {
         return 0;
     }
-    // Collected first: deleting while walking the hash would skip entries.
-    let doomed: Vec<(FlowKey, FlowKey)> = flows
+    let nodes = &maps.node_addrs;
+    // Collected first: deleting while walking the hash would skip entries. At most two visits
+    // a slot: a walk of an LRU restarts when its key is evicted, which a flood could repeat.
+    let budget = 2 * maps.flows_capacity as usize;
+    let doomed: Vec<(FlowKey, FlowKey)> = maps
+        .flows
         .iter()
+        .take(budget)
         .filter_map(Result::ok)
-        .filter(|(key, entry)| entry.direction == SVC_CT_FORWARD && jobs.iter().any(|j| ends(j, key, entry)))
+        .filter(|(key, entry)| entry.direction == SVC_CT_FORWARD && jobs.iter().any(|j| ends(j, nodes, key, entry)))
         .map(|(key, entry)| (key, reply_key(&key, &entry)))
         .collect();
     for (forward, reply) in &doomed {
-        let _ = flows.remove(forward);
-        let _ = flows.remove(reply);
+        let _ = maps.flows.remove(forward);
+        let _ = maps.flows.remove(reply);
     }
     doomed.len()
 }
 
 /// Whether the forward entry `key` → `entry` is a flow to `job`'s frontend and one of its
-/// removed backends. A NodePort (address unspecified) is reached on any node address.
-fn ends(job: &Job, key: &FlowKey, entry: &SvcCtEntry) -> bool {
+/// removed backends. A NodePort (address unspecified) is reached on the node's addresses
+/// (`nodes`) only: a LoadBalancer IP or externalIP on the same port is another Service's.
+fn ends(job: &Job, nodes: &[[u8; 16]], key: &FlowKey, entry: &SvcCtEntry) -> bool {
     let frontend = service_key(job.frontend);
-    let addressed = frontend.addr == [0; 16] || key.dst_addr == frontend.addr;
+    let addressed =
+        if frontend.addr == [0; 16] { nodes.contains(&key.dst_addr) } else { key.dst_addr == frontend.addr };
     addressed
         && key.family == frontend.family
         && key.protocol == frontend.protocol
@@ -74,6 +82,7 @@ mod tests {
             frontend: Frontend { ip: frontend.ip(), port: frontend.port(), protocol: Protocol::Tcp },
             removed: removed.iter().map(|b| b.parse().unwrap()).collect::<BTreeSet<_>>(),
             reconnect: true,
+            external: true,
         }
     }
 
@@ -103,8 +112,15 @@ mod tests {
         (key, entry)
     }
 
+    /// Node 1's address in the maps' form.
+    fn node() -> Vec<[u8; 16]> {
+        vec![backend_value("192.0.2.11:0".parse().unwrap()).addr]
+    }
+
     #[test]
     fn only_flows_of_the_frontend_to_a_removed_backend_end() {
+        let nodes = node();
+        let ends = |job: &Job, key: &FlowKey, entry: &SvcCtEntry| ends(job, &nodes, key, entry);
         let node_port = job("0.0.0.0:30080", &["10.1.0.5:8080"]);
         let (key, entry) = flow("192.0.2.100:40000", "192.0.2.11:30080", "10.1.0.5:8080");
         assert!(ends(&node_port, &key, &entry), "a NodePort flow on the node's address");
@@ -115,6 +131,11 @@ mod tests {
         let lb = job("203.0.113.7:80", &["10.1.0.5:8080"]);
         let (key, entry) = flow("192.0.2.100:40000", "203.0.113.8:80", "10.1.0.5:8080");
         assert!(!ends(&lb, &key, &entry), "another LoadBalancer IP");
+        // An attack review's: a NodePort on port 80 whose author removes a backend must not
+        // end another Service's LoadBalancer IP flows on port 80 to the same pod.
+        let on_80 = job("0.0.0.0:80", &["10.1.0.5:8080"]);
+        let (key, entry) = flow("192.0.2.100:40000", "203.0.113.7:80", "10.1.0.5:8080");
+        assert!(!ends(&on_80, &key, &entry), "a LoadBalancer IP's flow on the NodePort's port");
     }
 
     #[test]

@@ -2,11 +2,11 @@
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use aya::maps::{HashMap, Map, MapData, MapError};
-use ebpf_common::{Backend, BackendKey, Service, ServiceKey, SocketKey, SocketService, names};
+use aya::maps::{HashMap, Map, MapData, MapError, MapInfo};
+use ebpf_common::{Backend, BackendKey, Service, ServiceKey, SocketKey, SocketService, ipv4_in_16, names};
 
 use super::{lan_flows::Flows, socket_addr};
-use crate::bpf::Pins;
+use crate::bpf::{Pins, read};
 
 pub(super) struct Maps {
     pub frontends: HashMap<MapData, ServiceKey, Service>,
@@ -14,6 +14,12 @@ pub(super) struct Maps {
     pub sockets: HashMap<MapData, SocketKey, SocketService>,
     /// The per-packet path's flows (`SVC_CT`), whose flows to a removed backend are ended.
     pub flows: Flows,
+    /// `SVC_CT`'s size: how many keys a walk of it may visit (an LRU's walk restarts when the
+    /// key it stands on is evicted, so a flood could keep it from ending).
+    pub flows_capacity: u32,
+    /// The node's addresses the datapath serves NodePorts on (`nodeIP`, `nodeIPv6`), in the
+    /// maps' 16-byte form.
+    pub node_addrs: Vec<[u8; 16]>,
 }
 
 impl Maps {
@@ -24,11 +30,15 @@ impl Maps {
                 .with_context(|| format!("cannot open pinned {name}: is the network's datapath loaded?"))?;
             Ok(Map::from_map_data(data)?)
         };
+        let settings = read::settings(pins)?;
+        let node_addrs = [ipv4_in_16(settings.node_ipv4), settings.node_ipv6].into_iter().filter(|a| *a != [0; 16]);
         Ok(Self {
             frontends: HashMap::try_from(open(names::SVC_FRONTENDS)?)?,
             backends: HashMap::try_from(open(names::SVC_BACKENDS)?)?,
             sockets: HashMap::try_from(open(names::SVC_SOCKETS)?)?,
             flows: HashMap::try_from(open(names::SVC_CT)?)?,
+            flows_capacity: MapInfo::from_pin(pins.map(names::SVC_CT))?.max_entries(),
+            node_addrs: node_addrs.collect(),
         })
     }
 

@@ -180,10 +180,13 @@ impl ServiceWriter {
         };
         // The switch: readers now pick from the new bank.
         self.maps.frontends.insert(key, service, 0).context("cannot write the frontend (SVC_FRONTENDS full?)")?;
-        let Some(previous) = current else { return Ok(Removal { frontend, backends: Vec::new() }) };
+        // Flows from the LAN that the frontend served before this change are ended too.
+        let external =
+            service.flags & SERVICE_EXTERNAL != 0 || current.is_some_and(|c| c.flags & SERVICE_EXTERNAL != 0);
+        let Some(previous) = current else { return Ok(Removal { frontend, backends: Vec::new(), external }) };
         let kept: BTreeSet<SocketAddr> = backends.iter().copied().collect();
         let removed: Vec<SocketAddr> = self.maps.bank(&previous)?.into_iter().filter(|b| !kept.contains(b)).collect();
-        Ok(Removal { frontend, backends: removed })
+        Ok(Removal { frontend, backends: removed, external })
     }
 
     /// Removes `frontend` and its backend slots. Returns its backends, whose sockets are to be
@@ -198,7 +201,7 @@ impl ServiceWriter {
         for bank in 0..2 {
             self.clear_bank(service.id, bank, 0)?;
         }
-        Ok(Some(Removal { frontend, backends }))
+        Ok(Some(Removal { frontend, backends, external: service.flags & SERVICE_EXTERNAL != 0 }))
     }
 
     /// Settles the sockets sent to the backends `removals` took away ([`Settler::settle`]).

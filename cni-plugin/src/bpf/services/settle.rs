@@ -62,6 +62,8 @@ impl std::ops::AddAssign for Settled {
 pub struct Removal {
     pub frontend: Frontend,
     pub backends: Vec<SocketAddr>,
+    /// Reached from the LAN too (`SERVICE_EXTERNAL`): its `SVC_CT` flows are to be ended.
+    pub external: bool,
 }
 
 /// The sockets of removed backends, settled apart from the writer (the agent's settling thread).
@@ -84,20 +86,39 @@ impl Settler {
 }
 
 pub(super) fn settle(maps: &mut Maps, removals: &[Removal]) -> anyhow::Result<Settled> {
+    let jobs_now = jobs(maps, removals);
+    let mut settled = sockets_of_removed(&mut maps.sockets, &jobs_now);
+    // Asked again: the walk of the namespaces may have taken seconds, and a backend given back
+    // meanwhile keeps its flows.
+    let external: Vec<Job> = jobs(maps, removals).into_iter().filter(|j| j.external).collect();
+    settled.lan_flows = super::lan_flows::end(maps, &external);
+    Ok(settled)
+}
+
+/// The jobs `removals` make as the maps stand now. A frontend that cannot be read is left out
+/// (logged), never the whole batch.
+fn jobs(maps: &Maps, removals: &[Removal]) -> Vec<Job> {
     let mut jobs = Vec::new();
     for removal in removals.iter().filter(|r| !r.backends.is_empty()) {
-        let now = match maps.lookup(&service_key(removal.frontend))? {
-            Some(service) => maps.bank(&service)?,
-            None => Vec::new(),
+        let now = match maps.lookup(&service_key(removal.frontend)) {
+            Ok(Some(service)) => maps.bank(&service),
+            Ok(None) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        };
+        let now = match now {
+            Ok(now) => now,
+            Err(e) => {
+                log::warn!("services: frontend {:?} not settled: {e:#}", removal.frontend);
+                continue;
+            }
         };
         let removed: BTreeSet<SocketAddr> = removal.backends.iter().filter(|b| !now.contains(b)).copied().collect();
         if !removed.is_empty() {
-            jobs.push(Job { frontend: removal.frontend, removed, reconnect: !now.is_empty() });
+            let (frontend, external, reconnect) = (removal.frontend, removal.external, !now.is_empty());
+            jobs.push(Job { frontend, removed, reconnect, external });
         }
     }
-    let mut settled = sockets_of_removed(&mut maps.sockets, &jobs);
-    settled.lan_flows = super::lan_flows::end(&mut maps.flows, &jobs);
-    Ok(settled)
+    jobs
 }
 
 /// One frontend's sockets and flows to settle, as the maps stand when settling starts.
@@ -108,6 +129,8 @@ pub(super) struct Job {
     /// Whether connected UDP sockets may be connected again: the frontend still has backends
     /// (a removed Service's sockets are destroyed: there is nothing to connect them to).
     pub reconnect: bool,
+    /// See [`Removal::external`].
+    pub external: bool,
 }
 
 type Sockets = HashMap<MapData, SocketKey, SocketService>;
