@@ -189,3 +189,17 @@ impl Drop for Tagged {
         self.stop.store(true, Ordering::Relaxed);
     }
 }
+
+/// One request on a held TCP connection to a `Tagged` server: the answer, or the error's errno
+/// (0: closed by the peer) and how long it took.
+pub fn ask(stream: &mut std::net::TcpStream) -> Result<String, (i32, Duration)> {
+    let started = std::time::Instant::now();
+    let errno = |e: std::io::Error| (e.raw_os_error().unwrap_or(-1), started.elapsed());
+    stream.write_all(b"q").map_err(errno)?;
+    let mut buf = [0u8; 64];
+    match stream.read(&mut buf) {
+        Ok(0) => Err((0, started.elapsed())),
+        Ok(n) => Ok(String::from_utf8_lossy(&buf[..n]).into_owned()),
+        Err(e) => Err(errno(e)),
+    }
+}

@@ -4,33 +4,19 @@
 //! client's next datagram reaches a live backend. The backend on node 1 (local, client's
 //! address kept) and on node 2 (SNATed), and what `service-set` says it ended.
 use std::{
-    io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use ebpf_cni_tests::{
     cgroup::TestCgroup,
     lan::{LAN_HOST, LAN_NODE_IPS, Lan, at},
-    service_probe::{TCP_PORT, Tagged, UDP_PORT},
+    service_probe::{TCP_PORT, Tagged, UDP_PORT, ask},
     traffic::in_netns,
 };
 
 fn node1(port: u16) -> SocketAddr {
     SocketAddr::new(LAN_NODE_IPS[0].parse().unwrap(), port)
-}
-
-/// One request on `stream`: the answer, or the error's errno and how long it took.
-fn ask(stream: &mut TcpStream) -> Result<String, (i32, Duration)> {
-    let started = Instant::now();
-    let errno = |e: std::io::Error| (e.raw_os_error().unwrap_or(-1), started.elapsed());
-    stream.write_all(b"q").map_err(errno)?;
-    let mut buf = [0u8; 64];
-    match stream.read(&mut buf) {
-        Ok(0) => Err((0, started.elapsed())),
-        Ok(n) => Ok(String::from_utf8_lossy(&buf[..n]).into_owned()),
-        Err(e) => Err(errno(e)),
-    }
 }
 
 fn ask_udp(socket: &UdpSocket) -> std::io::Result<String> {

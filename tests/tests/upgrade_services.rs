@@ -14,7 +14,7 @@
 //! 4. after every DEL nothing is left.
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{BufRead as _, BufReader, Write as _},
     net::{SocketAddr, TcpStream},
     process::{Child, ChildStdin, Command, Stdio},
     sync::mpsc,
@@ -26,7 +26,7 @@ use ebpf_cni_tests::{
     cgroup::TestCgroup,
     lan::{LAN_HOST, LAN_NODE_IPS, Lan, LanPod, PodNetwork, at},
     require_privileges, run, run_in,
-    service_probe::{Client, TCP_PORT, Tagged, UDP_PORT},
+    service_probe::{Client, TCP_PORT, Tagged, UDP_PORT, ask},
     traffic::in_netns,
     upgrade::release_plugin,
 };
@@ -122,19 +122,6 @@ fn connect_node_port(lan: &Lan) -> TcpStream {
         .unwrap_or_else(|e| panic!("connecting to the NodePort from the LAN: {e:#}"));
     stream.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     stream
-}
-
-/// One request on `stream`: the answer, or the error's errno (0: closed) and how long it took.
-fn ask(stream: &mut TcpStream) -> Result<String, (i32, Duration)> {
-    let started = Instant::now();
-    let errno = |e: std::io::Error| (e.raw_os_error().unwrap_or(-1), started.elapsed());
-    stream.write_all(b"q").map_err(errno)?;
-    let mut buf = [0u8; 64];
-    match stream.read(&mut buf) {
-        Ok(0) => Err((0, started.elapsed())),
-        Ok(n) => Ok(String::from_utf8_lossy(&buf[..n]).into_owned()),
-        Err(e) => Err(errno(e)),
-    }
 }
 
 /// Every program of `tb`'s datapath by where it is, with its id: the pinned ones, those on the

@@ -14,13 +14,13 @@
 //! follow the quote's changes, the ICMP checksum every byte changed inside the message; the
 //! outer header's with its addresses.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DropReason, ForwardPath, IpKey, SVC_CT_FORWARD, SVC_CT_REPLY, SvcCtEntry};
-use network_types::{eth::EthHdr, ip::Ipv4Hdr};
+use ebpf_common::{DropReason, ForwardPath, SVC_CT_FORWARD, SVC_CT_REPLY, SvcCtEntry};
+use network_types::ip::Ipv4Hdr;
 
 use super::ct;
 use crate::{
     checksum::{Delta, store, update_checksum},
-    config, deliver, fib,
+    config,
     flow::{self, IP_OFFSET, PROTO_TCP, PROTO_UDP, v4_from_16},
     icmp_error::{Quoted, quoted},
     maps, packet,
@@ -67,16 +67,7 @@ pub fn from_lan(ctx: &TcContext) -> i32 {
     if let Err(reason) = rewrite(ctx, &q, &entry, outer_src) {
         return maps::drop(ctx, reason);
     }
-    let to = v4_from_16(entry.dst_addr);
-    if let Some(pod) = maps::endpoint(&IpKey::v4(to)) {
-        return deliver::into_pod(ctx, &pod, ForwardPath::ServiceTranslated);
-    }
-    let (Some(eth), Some(ip)) = (packet::header_mut::<EthHdr>(ctx, 0), packet::header_mut::<Ipv4Hdr>(ctx, IP_OFFSET))
-    else {
-        return maps::drop(ctx, DropReason::Malformed);
-    };
-    maps::forwarded(ctx, ForwardPath::ServiceTranslated, 0);
-    fib::forward(ctx, eth, ip)
+    super::xlate::send(ctx, v4_from_16(entry.dst_addr))
 }
 
 /// `svc_to_uplink`: an ICMP error a local backend sends about a packet it received on a

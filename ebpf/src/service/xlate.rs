@@ -30,12 +30,17 @@ pub fn forward(ctx: &TcContext, flow: &Flow, entry: &SvcCtEntry) -> i32 {
     if let Err(reason) = apply(ctx, flow, entry) {
         return maps::drop(ctx, reason);
     }
-    let dst = v4_from_16(entry.dst_addr);
+    send(ctx, v4_from_16(entry.dst_addr))
+}
+
+/// Sends a translated packet to `dst`: into a local backend, or out of the uplink by the FIB
+/// (also an ICMP error about the flow, `icmp_error.rs`). Never to the stack, which would take
+/// the node's own source address for a martian.
+#[inline(always)]
+pub fn send(ctx: &TcContext, dst: [u8; 4]) -> i32 {
     if let Some(pod) = maps::endpoint(&IpKey::v4(dst)) {
         return deliver::into_pod(ctx, &pod, ForwardPath::ServiceTranslated);
     }
-    // Out of the uplink by the FIB (the path's counter is the FIB's: to-other-node). Never to
-    // the stack, which would take the node's own source address for a martian.
     let (Some(eth), Some(ip)) = (packet::header_mut::<EthHdr>(ctx, 0), packet::header_mut::<Ipv4Hdr>(ctx, IP_OFFSET))
     else {
         return maps::drop(ctx, DropReason::Malformed);
