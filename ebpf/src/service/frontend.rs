@@ -43,14 +43,9 @@ pub fn addressed(flow: &FlowKey, node: &[u8; 16]) -> Addressed {
 /// LoadBalancer IP or externalIP that is one of the node's addresses.
 #[inline(always)]
 pub fn external(flow: &FlowKey, node: &[u8; 16]) -> Option<Service> {
-    external_at(&flow.dst_addr, flow.dst_port, flow.protocol, flow.family, node)
-}
-
-/// `external` by the frontend's fields: a caller holding no `FlowKey` builds none.
-#[inline(always)]
-pub fn external_at(addr: &[u8; 16], port: u16, protocol: u8, family: u8, node: &[u8; 16]) -> Option<Service> {
-    let to_node = *node != [0; 16] && *addr == *node;
-    let key = ServiceKey { addr: if to_node { [0; 16] } else { *addr }, port, protocol, family };
+    let to_node = *node != [0; 16] && flow.dst_addr == *node;
+    let addr = if to_node { [0; 16] } else { flow.dst_addr };
+    let key = ServiceKey { addr, port: flow.dst_port, protocol: flow.protocol, family: flow.family };
     // SAFETY: copied at once; the writer replaces entries whole.
     let service = unsafe { SVC_FRONTENDS.get(&key).copied() }?;
     (service.flags & SERVICE_EXTERNAL != 0).then_some(service)
