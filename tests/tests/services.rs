@@ -269,7 +269,7 @@ fn fmt_error(outcome: &anyhow::Result<()>) -> String {
     outcome.as_ref().err().map(|e| format!(": {e:#}")).unwrap_or_default()
 }
 
-/// The flows above took the paths the README describes: the fast ones where the stack never
+/// The flows above took the paths docs/architecture.md describes: the fast ones where the stack never
 /// handled a flow (pod ↔ pod, across nodes through the uplink), the stack for flows it
 /// translated, and the counters say so. Lists what was never counted.
 fn paths_taken(lan: &Lan, flavour: Flavour) -> Vec<String> {

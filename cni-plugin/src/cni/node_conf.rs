@@ -650,11 +650,11 @@ mod tests {
         assert_eq!(c.ipam.unwrap()["dataDir"], "/x");
     }
 
-    /// The README's example node file is one.
+    /// The example node file of docs/configuration.md is one.
     #[test]
-    fn the_readme_example_parses() {
-        let readme = include_str!("../../../README.md");
-        let section = &readme[readme.find("### Trust model").unwrap()..];
+    fn the_documented_example_parses() {
+        let doc = include_str!("../../../docs/configuration.md");
+        let section = &doc[doc.find("## Trust model").unwrap()..];
         let block = section.split("```json\n").nth(1).unwrap().split("```").next().unwrap();
         let node: NodeConf = serde_json::from_str(block).unwrap();
         assert_eq!(node.primary_network.as_deref(), Some("ebpf-cni"));

@@ -1,4 +1,4 @@
-//! The README's example conflists are real: each one, as printed there, gives a pod its address
+//! The example conflists of docs/configuration.md are real: each one, as printed there, gives a pod its address
 //! through the runtime driver (state redirected into the test's node), passes CHECK and is
 //! deleted without a trace.
 use ebpf_cni_tests::{
@@ -7,25 +7,25 @@ use ebpf_cni_tests::{
 };
 use serde_json::{Value, json};
 
-/// Every ```json block of the README that holds a conflist (`"plugins"`).
+/// Every ```json block of docs/configuration.md that holds a conflist (`"plugins"`).
 fn conflists() -> Vec<Value> {
-    let readme = include_str!("../../README.md");
-    readme
+    let doc = include_str!("../../docs/configuration.md");
+    doc
         .split("```json\n")
         .skip(1)
         .filter_map(|block| block.split_once("\n```").map(|(json, _)| json))
         .filter(|json| json.contains("\"plugins\""))
-        .map(|json| serde_json::from_str(json).unwrap_or_else(|e| panic!("README conflist: {e}\n{json}")))
+        .map(|json| serde_json::from_str(json).unwrap_or_else(|e| panic!("docs/configuration.md conflist: {e}\n{json}")))
         .collect()
 }
 
 #[test]
-fn readme_conflists_work() {
+fn documented_conflists_work() {
     let lists = conflists();
     let names: Vec<&str> = lists.iter().map(|l| l["name"].as_str().unwrap()).collect();
     assert!(lists.len() >= 3, "minimal, masquerade, chained with portmap: {names:?}");
     let Some(mut c) =
-        Cluster::for_test("readme_conflists_work", "rdme", "10.244.0.0/16", ["10.244.1.0/24", "10.244.2.0/24"])
+        Cluster::for_test("documented_conflists_work", "rdme", "10.244.0.0/16", ["10.244.1.0/24", "10.244.2.0/24"])
     else {
         return;
     };
@@ -44,7 +44,7 @@ fn readme_conflists_work() {
         let sandbox: Sandbox = node.sandbox(pod);
         let result = runtime.add(&list, &sandbox).unwrap_or_else(|e| panic!("{}: {e}", list.name));
         assert!(result["ips"][0]["address"].as_str().unwrap().starts_with("10.244.1."), "{}: {result}", list.name);
-        // Debian's portmap 1.1.1 fails CHECK of a pod without IPv6 (see the README).
+        // Debian's portmap 1.1.1 fails CHECK of a pod without IPv6 (see docs/verbs.md).
         if !list.plugins.iter().any(|p| p["type"] == "portmap") {
             runtime.check(&list, &sandbox).unwrap_or_else(|e| panic!("CHECK {}: {e}", list.name));
         }
