@@ -14,6 +14,7 @@ mod iperf;
 mod masquerade;
 mod proc;
 mod prog_cost;
+mod provenance;
 mod qperf;
 mod report;
 mod service;
@@ -241,11 +242,9 @@ fn load_average() -> Result<String> {
 }
 
 fn markdown(title: &str, s: &Settings, load_before: &str, table: &str) -> Result<String> {
-    let kernel = String::from_utf8(run("uname", &["-r"])?.stdout)?;
-    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     Ok(format!(
-        "# {title}\n\n\
-         Kernel {}, {cpus} CPUs, load average {load_before} when the run started. {} rounds; each round measures every path once, in a rotating order. \
+        "# {title}\n\n{}\n\n\
+         Load average {load_before} when the run started. {} rounds; each round measures every path once, in a rotating order. \
          iperf3 runs {} s, sockperf and connection-rate runs {} s; ADD/DEL: {} pods added then deleted per \
          plugin, round and level. Each cell is the median over rounds with, in parentheses, the spread \
          of the rounds (lowest–highest round); ADD/DEL p99 rows: the p99 of all samples, and the spread \
@@ -253,7 +252,7 @@ fn markdown(title: &str, s: &Settings, load_before: &str, table: &str) -> Result
          per-round ratio in parentheses; targets are judged on the ratio of the medians. \
          Placement: TCP 1 stream and UDP with the client on CPU 0 and the server on CPU 1, TCP 4 streams \
          unpinned, ping-pong client and server both on CPU 1. MTU 1500 on every path.\n\n{table}",
-        kernel.trim(),
+        provenance::line(),
         s.rounds,
         s.seconds,
         s.latency_seconds,

@@ -10,12 +10,13 @@ use serde_json::{Value, json};
 /// Every ```json block of docs/configuration.md that holds a conflist (`"plugins"`).
 fn conflists() -> Vec<Value> {
     let doc = include_str!("../../docs/configuration.md");
-    doc
-        .split("```json\n")
+    doc.split("```json\n")
         .skip(1)
         .filter_map(|block| block.split_once("\n```").map(|(json, _)| json))
         .filter(|json| json.contains("\"plugins\""))
-        .map(|json| serde_json::from_str(json).unwrap_or_else(|e| panic!("docs/configuration.md conflist: {e}\n{json}")))
+        .map(|json| {
+            serde_json::from_str(json).unwrap_or_else(|e| panic!("docs/configuration.md conflist: {e}\n{json}"))
+        })
         .collect()
 }
 
