@@ -1,9 +1,10 @@
 //! The run as one SVG: a heading per section, a group of bars per figure (a bar per path, scaled
 //! to the group's largest value or round), the median printed past the end of each bar and its
-//! whisker, a whisker from the lowest to the highest round, and which way is better under the
-//! figure's name. SVG has no text measurement, so text widths are estimated from the characters
-//! (generously, for DejaVu Sans, the usual `sans-serif`): the label column is as wide as the
-//! longest label needs, up to a cap past which labels wrap, and the SVG as wide as its columns.
+//! whisker, a whisker from the lowest to the highest round (when they differ), and which way is
+//! better under the figure's name. SVG has no text measurement, so text widths are estimated from
+//! the characters (generously, for DejaVu Sans, the usual `sans-serif`): the label column is as
+//! wide as the longest label needs, up to a cap past which labels wrap, and the SVG as wide as its
+//! columns.
 use std::fmt::Write as _;
 
 use crate::{
@@ -233,7 +234,7 @@ pub fn svg(title: &str, figures: &[Figure]) -> String {
                 top + BAR_H - 2.0,
                 number(*median)
             );
-            if let Some((lo, hi)) = spread.filter(|_| group.max > 0.0) {
+            if let Some((lo, hi)) = spread.filter(|(lo, hi)| group.max > 0.0 && lo < hi) {
                 let (x1, x2) = (columns.bars_x + group.x(lo), columns.bars_x + group.x(hi));
                 let _ = write!(
                     body,
