@@ -163,6 +163,20 @@ impl Setup<'_> {
             let host_route = IpNetwork::new(*ip, if ip.is_ipv4() { 32 } else { 128 }).expect("host prefix");
             self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
         }
+        // Resolved ahead, so that neither side ever asks (see `add_permanent_neighbour`): the
+        // pod's IPv4 gateway is the host veth, the node's route to the pod leads to the pod's MAC.
+        for gw in allocation.ips.iter().filter_map(|ip| ip.gateway).filter(IpAddr::is_ipv4) {
+            self.pod
+                .add_permanent_neighbour(pod.index, gw, host.mac)
+                .await
+                .cni(ErrorCode::IO, "cannot add the gateway's neighbour entry")?;
+        }
+        for ip in ips.iter().filter(|ip| ip.is_ipv4()) {
+            self.node
+                .add_permanent_neighbour(host.index, *ip, pod.mac)
+                .await
+                .cni(ErrorCode::IO, "cannot add the pod's neighbour entry")?;
+        }
         fault::point("add:after-routes");
         self.limit_bandwidth(host.index).await?;
         // The node's primary network: its node-level settings come from the node file alone

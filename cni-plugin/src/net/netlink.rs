@@ -168,6 +168,22 @@ impl Netlink {
         request.execute().await.with_context(|| format!("adding address {address}"))
     }
 
+    /// A permanent neighbour entry: `ip` is at `mac` on link `index`. Permanent entries are
+    /// exempt from the neighbour table's limit (gc_thresh3, 1,024 by default), which every
+    /// network namespace shares: a node of a thousand pods would otherwise need two resolved
+    /// entries per pod (the pod's gateway, the node's route to the pod) and overflow it, and
+    /// then new entries fail machine-wide.
+    pub async fn add_permanent_neighbour(&self, index: u32, ip: IpAddr, mac: [u8; 6]) -> Result<()> {
+        self.handle
+            .neighbours()
+            .add(index, ip)
+            .link_layer_address(&mac)
+            .replace()
+            .execute()
+            .await
+            .with_context(|| format!("adding neighbour {ip}"))
+    }
+
     /// `dst via gw dev index`, or `dst dev index scope link` when there is no gateway.
     pub async fn add_route(&self, dst: IpNetwork, gw: Option<IpAddr>, index: u32) -> Result<()> {
         let message = match (dst, gw) {
