@@ -17,6 +17,7 @@ mod prog_cost;
 mod provenance;
 mod qperf;
 mod report;
+mod scale;
 mod service;
 mod service_aftermath;
 mod service_set;
@@ -85,6 +86,9 @@ enum Section {
     ServiceAftermath,
     /// The uplink's programs per packet with and without kubeProxyReplacement (ebpf-cni only).
     Uplink,
+    /// Pods at once, ADD/DEL churn with traffic, 1,000 pods on a node, SIGKILLs and GC (ebpf-cni
+    /// only; only with `--only scale`: minutes, and counts rather than paths compared).
+    Scale,
 }
 
 /// What runs when `--only` is not given.
@@ -205,6 +209,20 @@ fn run_bench(cli: Cli) -> Result<()> {
     if wanted(Section::ControlFullMaps) {
         figures.extend(full_maps::run(&settings, &ours)?);
     }
+    let date = String::from_utf8(run("date", &["+%F"])?.stdout)?.trim().to_string();
+    let dir = match (&cli.out, cli.smoke) {
+        (Some(dir), _) => dir.clone(),
+        (None, true) => std::env::temp_dir().join(format!("ecni-bench-smoke-{}", std::process::id())),
+        (None, false) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
+    };
+    if cli.only.contains(&Section::Scale) {
+        // A smoke run writes nothing in the tree, nor leaves a file behind.
+        let keep = (!cli.smoke || cli.out.is_some()).then_some(dir.as_path());
+        scale::run(&ours, cli.smoke, keep, &date)?;
+        if figures.is_empty() {
+            return Ok(());
+        }
+    }
     let table = report::table(&figures);
     println!(
         "median (lowest–highest round) per path; ÷: ratio of the medians (lowest–highest per-round ratio)\n{table}"
@@ -212,12 +230,6 @@ fn run_bench(cli: Cli) -> Result<()> {
     let incomplete: Vec<&str> = figures.iter().filter(|f| !f.complete()).map(|f| f.name.as_str()).collect();
     ensure!(incomplete.is_empty(), "figures without a value: {incomplete:?}");
 
-    let date = String::from_utf8(run("date", &["+%F"])?.stdout)?.trim().to_string();
-    let dir = match (&cli.out, cli.smoke) {
-        (Some(dir), _) => dir.clone(),
-        (None, true) => std::env::temp_dir().join(format!("ecni-bench-smoke-{}", std::process::id())),
-        (None, false) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"),
-    };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let (md, svg) = (dir.join(format!("{date}.md")), dir.join(format!("{date}.svg")));
     let title = format!("ebpf-cni vs bridge, {date}");

@@ -21,6 +21,7 @@ pub mod probe;
 pub mod prog_run;
 pub mod prometheus;
 pub mod runtime;
+pub mod scale;
 pub mod service_probe;
 mod testbed;
 pub mod traffic;

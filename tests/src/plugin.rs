@@ -58,9 +58,27 @@ impl Plugin {
         exec_binary(&self.binary, node_netns, env, stdin)
     }
 
+    /// Like [`Self::exec`], the process sent SIGKILL `after` it started (if still running):
+    /// a crash at whatever step it had reached, in any build.
+    pub fn exec_killed_after(
+        &self,
+        node_netns: &str,
+        env: &[(&str, &str)],
+        stdin: &str,
+        after: Duration,
+    ) -> Result<CniOutput> {
+        exec_binary_in(&self.binary, node_netns, None, env, stdin, Some(after))
+    }
+
+    /// Whether the binary stops at named crash points (`EBPF_CNI_DIE_AT`): debug builds only.
+    pub fn has_crash_points(&self) -> Result<bool> {
+        let bytes = std::fs::read(&self.binary).with_context(|| format!("reading {}", self.binary.display()))?;
+        Ok(bytes.windows(CRASH_VARIABLE.len()).any(|w| w == CRASH_VARIABLE))
+    }
+
     /// Like [`Self::exec`], also in the mount namespace `mount_ns` (a `/proc/<pid>/ns/mnt`).
     pub fn exec_in(&self, node_netns: &str, mount_ns: &Path, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
-        exec_binary_in(&self.binary, node_netns, Some(mount_ns), env, stdin)
+        exec_binary_in(&self.binary, node_netns, Some(mount_ns), env, stdin, None)
     }
 
     /// The directory holding the binary: the first entry of CNI_PATH when chaining.
@@ -73,8 +91,11 @@ impl Plugin {
 /// child enters the namespace itself between fork and exec (no `nsenter` in between), so the
 /// elapsed time is the plugin's, as a runtime that execs it directly sees it.
 pub fn exec_binary(binary: &Path, node_netns: &str, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
-    exec_binary_in(binary, node_netns, None, env, stdin)
+    exec_binary_in(binary, node_netns, None, env, stdin, None)
 }
+
+/// The variable a debug build reads for its crash point (see `cni-plugin/src/fault.rs`).
+const CRASH_VARIABLE: &[u8] = b"EBPF_CNI_DIE_AT";
 
 fn exec_binary_in(
     binary: &Path,
@@ -82,6 +103,7 @@ fn exec_binary_in(
     mount_ns: Option<&Path>,
     env: &[(&str, &str)],
     stdin: &str,
+    kill_after: Option<Duration>,
 ) -> Result<CniOutput> {
     let ns_path = format!("/run/netns/{node_netns}");
     let ns = File::open(&ns_path).with_context(|| format!("opening {ns_path}"))?;
@@ -107,7 +129,14 @@ fn exec_binary_in(
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("spawning {}", binary.display()))?;
-    child.stdin.take().context("stdin")?.write_all(stdin.as_bytes())?;
+    if let Some(after) = kill_after {
+        kill_later(child.id(), after)?;
+    }
+    // A plugin killed before it read its configuration closed the pipe: its status tells.
+    match child.stdin.take().context("stdin")?.write_all(stdin.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        other => other?,
+    }
     let mut stderr_pipe = child.stderr.take().context("stderr")?;
     let stderr_reader = std::thread::spawn(move || {
         let mut text = String::new();
@@ -126,6 +155,30 @@ fn exec_binary_in(
         elapsed: started.elapsed(),
         peak_rss_kib,
     })
+}
+
+/// Sends SIGKILL to `pid` in `after`, through a pidfd: once the child has exited and been
+/// reaped the signal goes nowhere, never to a process that reused the PID.
+fn kill_later(pid: u32, after: Duration) -> Result<()> {
+    // SAFETY: pidfd_open takes a PID and flags and returns a new descriptor or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    anyhow::ensure!(raw >= 0, "pidfd_open: {}", std::io::Error::last_os_error());
+    // SAFETY: the descriptor was just opened and is owned by nothing else.
+    let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as i32) };
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    });
+    Ok(())
 }
 
 /// Reaps the child with wait4, which also reports its peak RSS (std's wait does not).

@@ -2,6 +2,7 @@
 use std::{
     path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -209,6 +210,32 @@ impl Testbed {
         netns: &str,
         more: &[(&str, &str)],
     ) -> Result<CniOutput> {
+        let env = self.verb_env(command, pod, netns, more);
+        self.cni_raw(&env, &conf.to_string())
+    }
+
+    /// Like [`Self::cni`], the plugin sent SIGKILL `after` it started if still running then
+    /// (`killed_by` tells whether it was).
+    pub fn cni_killed_after(
+        &self,
+        command: &str,
+        pod: usize,
+        conf: &Value,
+        more: &[(&str, &str)],
+        after: Duration,
+    ) -> Result<CniOutput> {
+        let netns = self.sandbox(pod).netns;
+        let env = self.verb_env(command, pod, &netns, more);
+        self.plugin.exec_killed_after(&self.node.name, &env, &conf.to_string(), after)
+    }
+
+    fn verb_env<'a>(
+        &'a self,
+        command: &'a str,
+        pod: usize,
+        netns: &'a str,
+        more: &[(&'a str, &'a str)],
+    ) -> Vec<(&'a str, &'a str)> {
         let pod = &self.pods[pod];
         let mut env = vec![
             ("CNI_COMMAND", command),
@@ -218,7 +245,7 @@ impl Testbed {
             ("CNI_PATH", "/usr/lib/cni"),
         ];
         env.extend_from_slice(more);
-        self.cni_raw(&env, &conf.to_string())
+        env
     }
 
     pub fn cni_raw(&self, env: &[(&str, &str)], stdin: &str) -> Result<CniOutput> {
@@ -239,6 +266,29 @@ impl Testbed {
         let out = self.cni("GC", valid.first().copied().unwrap_or(0), &conf)?;
         anyhow::ensure!(out.success, "GC failed: {} {}", out.stdout, out.stderr);
         Ok(())
+    }
+
+    /// Like [`Self::gc`], the plugin's own summary of what it removed (its log line at level
+    /// info, in a log file beside the data dir).
+    pub fn gc_report(&self, valid: &[usize]) -> Result<String> {
+        let log = self.data_dir().with_file_name("gc.log");
+        let mut conf = self.conf("1.1.0");
+        let attachments: Vec<Value> =
+            valid.iter().map(|&p| json!({"containerID": self.pods[p].container_id, "ifname": "eth0"})).collect();
+        conf["cni.dev/valid-attachments"] = Value::Array(attachments);
+        conf["logLevel"] = json!("info");
+        conf["logFile"] = json!(log);
+        let out = self.cni("GC", valid.first().copied().unwrap_or(0), &conf)?;
+        anyhow::ensure!(out.success, "GC failed: {} {}", out.stdout, out.stderr);
+        let text = std::fs::read_to_string(&log).context("reading the GC's log")?;
+        let line = text.lines().rev().find(|l| l.contains("GC of")).context("no GC summary in the log")?;
+        Ok(line.split_once("GC of").map_or(line, |(_, rest)| rest).trim().to_string())
+    }
+
+    /// Routes in the node to addresses of the pod subnet (a /32 per pod).
+    pub fn pod_routes(&self) -> Result<Vec<String>> {
+        let out = run_in(&self.node.name, "ip", &["-o", "route", "show", "root", &self.subnet])?;
+        Ok(String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().to_string()).collect())
     }
 
     /// ADD in spec 1.0.0 that must succeed; returns the pod's address without prefix.
@@ -342,11 +392,13 @@ impl Testbed {
             .unwrap_or_default()
     }
 
-    /// What the plugin left in this node: host veths, IFBs, IP reservations, the network's pins.
+    /// What the plugin left in this node: host veths, IFBs, routes to pods, IP reservations, the
+    /// network's pins.
     /// Empty once every attachment is deleted.
     pub fn leftovers(&self) -> Result<Vec<String>> {
         let mut left: Vec<String> = self.host_veths()?.into_iter().map(|v| format!("veth {v}")).collect();
         left.extend(self.ifbs()?.into_iter().map(|i| format!("IFB {i}")));
+        left.extend(self.pod_routes()?.into_iter().map(|r| format!("route {r}")));
         left.extend(self.ip_files().into_iter().map(|ip| format!("IP file {ip}")));
         // Anything else in the IPAM dir but its lock and round-robin records (a temporary
         // reservation a crashed writer left, say).

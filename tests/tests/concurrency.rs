@@ -3,7 +3,11 @@
 //! pods overlapping.
 use std::{collections::HashSet, net::Ipv4Addr};
 
-use ebpf_cni_tests::{CniOutput, Testbed, traffic::unreachable_pairs};
+use ebpf_cni_tests::{
+    CniOutput, Testbed,
+    scale::waves::{self, all_at_once},
+    traffic::unreachable_pairs,
+};
 
 /// Pods started at once, as kubelet does when a node with many pending pods becomes ready.
 /// `EBPF_CNI_PARALLEL_PODS` overrides it.
@@ -11,18 +15,8 @@ fn parallel_pods() -> usize {
     std::env::var("EBPF_CNI_PARALLEL_PODS").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
 }
 
-/// Runs `command` for every pod in `pods` at the same time, one thread per call.
-fn all_at_once(tb: &Testbed, command: &str, pods: &[usize]) -> Vec<CniOutput> {
-    std::thread::scope(|scope| {
-        let calls: Vec<_> =
-            pods.iter().map(|pod| scope.spawn(move || tb.cni(command, *pod, &tb.conf("1.1.0")).unwrap())).collect();
-        calls.into_iter().map(|call| call.join().unwrap()).collect()
-    })
-}
-
 fn address(out: &CniOutput) -> Ipv4Addr {
-    let cidr = out.json()["ips"][0]["address"].as_str().unwrap_or_default().to_string();
-    cidr.split('/').next().unwrap_or_default().parse().unwrap_or_else(|_| panic!("no address in {}", out.stdout))
+    waves::address(out).unwrap_or_else(|| panic!("no address in {}", out.stdout))
 }
 
 #[test]
@@ -32,7 +26,7 @@ fn a_node_fills_and_empties_at_once() {
     };
     let pods: Vec<usize> = (0..parallel_pods()).map(|_| tb.new_pod().unwrap()).collect();
     let started = std::time::Instant::now();
-    let outs = all_at_once(&tb, "ADD", &pods);
+    let outs = all_at_once(&tb, "ADD", &pods, &tb.conf("1.1.0")).unwrap();
     let elapsed = started.elapsed();
     for out in &outs {
         assert!(out.success, "a parallel ADD failed: {} {}", out.stdout, out.stderr);
@@ -62,7 +56,7 @@ fn a_node_fills_and_empties_at_once() {
     );
 
     let started = std::time::Instant::now();
-    for out in all_at_once(&tb, "DEL", &pods) {
+    for out in all_at_once(&tb, "DEL", &pods, &tb.conf("1.1.0")).unwrap() {
         assert!(out.success, "a parallel DEL failed: {} {}", out.stdout, out.stderr);
     }
     eprintln!("{} parallel DELs in {:?}", pods.len(), started.elapsed());
