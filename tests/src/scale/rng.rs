@@ -25,7 +25,7 @@ impl Rng {
         self.seed
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.state ^= self.state >> 12;
         self.state ^= self.state << 25;
         self.state ^= self.state >> 27;
@@ -34,12 +34,12 @@ impl Rng {
 
     /// Uniform in `0..n` (`n` > 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 
     /// Uniform in [0, 1).
     pub fn fraction(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// True once in `n` draws on average (never for `n` = 0).
