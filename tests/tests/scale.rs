@@ -4,7 +4,7 @@
 //! pinged; one verb in ten killed with SIGKILL at a random point; GC after each phase. No
 //! address twice, nothing left, memory flat. See `ebpf_cni_tests::scale`.
 use ebpf_cni_tests::{
-    Plugin,
+    Plugin, Testbed, run_in,
     scale::{self, ScaleSettings, memory::Summary},
 };
 
@@ -28,4 +28,39 @@ fn pods_at_scale_with_kills_leave_nothing() {
     assert!(flat(c.agent_rss.first(window), c.agent_rss.last(window)), "the agent's RSS grew");
     // The resident pod's flow outlived every neighbour's ADD, DEL, kill and GC.
     assert!(c.traffic.answered * 100 >= c.traffic.asked * 99, "masqueraded traffic lost: {:?}", c.traffic);
+}
+
+/// Neither side of a pod resolves the other: the pod's gateway and the node's route to the pod
+/// have permanent neighbour entries, which the neighbour table's shared limit (gc_thresh3)
+/// does not count. Resolved dynamically, a thousand pods pinged from the node would need
+/// 2,000 entries of a table all namespaces share, 1,024 by default.
+#[test]
+fn neighbours_are_resolved_ahead() {
+    let Some(mut tb) = Testbed::for_test("neighbours_are_resolved_ahead", "neigh", "10.232.0.0/24") else {
+        return;
+    };
+    let pods: Vec<usize> = (0..4).map(|_| tb.new_pod().unwrap()).collect();
+    let ips: Vec<String> = pods.iter().map(|pod| tb.add(*pod).unwrap()).collect();
+    for ip in &ips {
+        assert!(tb.ping(&tb.node.name, ip), "{ip} does not answer the node");
+    }
+    let entries = |netns: &str| {
+        String::from_utf8_lossy(&run_in(netns, "ip", &["-4", "neigh", "show"]).unwrap().stdout).to_string()
+    };
+    let node = entries(&tb.node.name);
+    for ip in &ips {
+        let entry = node.lines().find(|l| l.starts_with(&format!("{ip} "))).unwrap_or_default();
+        assert!(entry.trim_end().ends_with("PERMANENT"), "the node's entry for {ip}: {node}");
+    }
+    for pod in &pods {
+        let entries = entries(&tb.pods[*pod].netns.name);
+        assert!(
+            entries.lines().all(|l| l.trim_end().ends_with("PERMANENT")) && entries.contains("10.232.0.1 "),
+            "pod {pod}: {entries}"
+        );
+    }
+    for pod in pods {
+        tb.del(pod).unwrap();
+    }
+    assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }
