@@ -113,9 +113,10 @@ fn dual_stack_pods_reach_each_other_over_both_families() {
         assert!(ping6(&tb.node.name, ip), "node → pod {pod}");
         assert!(ping6(ns, NODE_IPV6), "pod {pod} → node");
     }
-    // The pods resolved their gateway through the responder, and their kernels sent nothing
-    // the datapath took for a forgery (link-local NS/NA and MLD from their own addresses).
-    assert!(tb.forwarded(ForwardPath::Answered).unwrap() >= 2, "the gateway was answered by the datapath");
+    // The pods' kernels sent nothing the datapath took for a forgery (link-local NS/NA and MLD
+    // from their own addresses). Their gateway came resolved (a permanent entry, see
+    // scale.rs's neighbours_are_resolved_ahead); the responder's answer to a solicitation for
+    // it is checked below.
     assert_eq!(tb.drops(DropReason::SpoofedSource).unwrap(), 0);
     assert_eq!(tb.drops(DropReason::UnsupportedProtocol).unwrap(), 0);
     assert_eq!(tb.drops(DropReason::SpoofedNeighbor).unwrap(), 0);

@@ -164,14 +164,14 @@ impl Setup<'_> {
             self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
         }
         // Resolved ahead, so that neither side ever asks (see `add_permanent_neighbour`): the
-        // pod's IPv4 gateway is the host veth, the node's route to the pod leads to the pod's MAC.
-        for gw in allocation.ips.iter().filter_map(|ip| ip.gateway).filter(IpAddr::is_ipv4) {
+        // pod's gateways are the host veth, the node's routes to the pod lead to the pod's MAC.
+        for gw in allocation.ips.iter().filter_map(|ip| ip.gateway) {
             self.pod
                 .add_permanent_neighbour(pod.index, gw, host.mac)
                 .await
                 .cni(ErrorCode::IO, "cannot add the gateway's neighbour entry")?;
         }
-        for ip in ips.iter().filter(|ip| ip.is_ipv4()) {
+        for ip in &ips {
             self.node
                 .add_permanent_neighbour(host.index, *ip, pod.mac)
                 .await
