@@ -443,6 +443,25 @@ impl Testbed {
         self.per_cpu_packets("METRICS", reason as u64)
     }
 
+    /// Every drop reason counted so far, as (reason number, packets summed over CPUs).
+    pub fn all_drops(&self) -> Result<Vec<(u64, u64)>> {
+        let dump = self.map_dump_if_pinned("METRICS")?;
+        let mut counted = Vec::new();
+        for entry in dump.as_array().context("METRICS dump is not a list")? {
+            let entry = entry.get("formatted").unwrap_or(entry);
+            let packets: u64 = entry["values"]
+                .as_array()
+                .context("per-CPU values")?
+                .iter()
+                .filter_map(|cpu| cpu["value"]["packets"].as_u64())
+                .sum();
+            if packets > 0 {
+                counted.push((entry["key"].as_u64().context("METRICS key")?, packets));
+            }
+        }
+        Ok(counted)
+    }
+
     /// Packets the programs let through on `path` (summed over CPUs), from FORWARDED.
     pub fn forwarded(&self, path: ebpf_common::ForwardPath) -> Result<u64> {
         self.per_cpu_packets("FORWARDED", path as u64)

@@ -18,7 +18,11 @@ fn pods_at_scale_with_kills_leave_nothing() {
     if !ebpf_cni_tests::require_privileges("pods_at_scale_with_kills_leave_nothing") {
         return;
     }
-    let settings = ScaleSettings::reduced();
+    let mut settings = ScaleSettings::reduced();
+    // Bigger by hand: `EBPF_CNI_SCALE_CYCLES`, `EBPF_CNI_SCALE_PODS`.
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    settings.cycles = var("EBPF_CNI_SCALE_CYCLES").unwrap_or(settings.cycles);
+    settings.pods = var("EBPF_CNI_SCALE_PODS").unwrap_or(settings.pods);
     let figures = scale::run(&settings, &Plugin::from_env().unwrap(), "scl").unwrap();
     eprintln!("{figures}");
     assert_eq!(figures.problems(), Vec::<String>::new());

@@ -27,6 +27,8 @@ pub struct ChurnFigures {
     pub plugin_rss: Series,
     pub agent_rss: Series,
     pub traffic: StreamStats,
+    /// The datapath's drop counters over the churn: (reason number, packets).
+    pub drops: Vec<(u64, u64)>,
     pub wall: Duration,
     pub gc: Vec<String>,
     pub leaks: Vec<String>,
@@ -62,6 +64,7 @@ pub fn busy_churn(c: &mut Cluster, killer: &Killer, cycles: usize, batch: usize)
     })?;
     let wall = started.elapsed();
     let traffic = stream.stop()?;
+    let drops = tb.all_drops()?;
     drop(agent);
 
     let mut gc = vec![tb.gc_report(&[resident])?];
@@ -84,6 +87,7 @@ pub fn busy_churn(c: &mut Cluster, killer: &Killer, cycles: usize, batch: usize)
         plugin_rss: outcome.plugin_rss,
         agent_rss,
         traffic,
+        drops,
         wall,
         gc,
         leaks,

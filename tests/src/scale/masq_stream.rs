@@ -3,7 +3,7 @@
 //! longest wait for one. A datapath that a churning neighbour disturbed shows as lost answers
 //! or a long silence.
 use std::{
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -23,12 +23,17 @@ pub struct StreamStats {
     pub answered: u64,
     /// The longest time between two answers.
     pub longest_silence: Duration,
+    /// When each unanswered question was asked, from the stream's start.
+    pub lost_at: Vec<Duration>,
+    /// The sources the server saw, with when it first saw each: one flow, one translation,
+    /// unless something dropped the flow's NAT entries while it ran.
+    pub translations: Vec<(SocketAddr, Duration)>,
 }
 
 pub struct MasqStream {
     stop: Arc<AtomicBool>,
     client: JoinHandle<Result<StreamStats>>,
-    server: JoinHandle<Result<()>>,
+    server: JoinHandle<Result<Vec<(SocketAddr, Duration)>>>,
 }
 
 /// How long the pod waits for one answer before it asks the next question.
@@ -53,24 +58,28 @@ impl MasqStream {
     /// Stops both ends; what the pod saw.
     pub fn stop(self) -> Result<StreamStats> {
         self.stop.store(true, Ordering::Relaxed);
-        let stats = self.client.join().map_err(|_| anyhow::anyhow!("the stream's client panicked"))?;
-        self.server.join().map_err(|_| anyhow::anyhow!("the stream's server panicked"))??;
-        stats
+        let mut stats = self.client.join().map_err(|_| anyhow::anyhow!("the stream's client panicked"))??;
+        stats.translations = self.server.join().map_err(|_| anyhow::anyhow!("the stream's server panicked"))??;
+        Ok(stats)
     }
 }
 
-fn serve(socket: &UdpSocket, stop: &AtomicBool) -> Result<()> {
-    let mut buf = [0u8; 64];
+fn serve(socket: &UdpSocket, stop: &AtomicBool) -> Result<Vec<(SocketAddr, Duration)>> {
+    let (mut buf, mut sources, started) = ([0u8; 64], Vec::new(), Instant::now());
     while !stop.load(Ordering::Relaxed) {
         if let Ok((n, from)) = socket.recv_from(&mut buf) {
+            if !sources.iter().any(|(seen, _)| *seen == from) {
+                sources.push((from, started.elapsed()));
+            }
             socket.send_to(&buf[..n], from).context("echo")?;
         }
     }
-    Ok(())
+    Ok(sources)
 }
 
 fn ask(socket: &UdpSocket, server: SocketAddrV4, stop: &AtomicBool) -> Result<StreamStats> {
     let mut stats = StreamStats::default();
+    let started = Instant::now();
     let mut last_answer = Instant::now();
     let mut buf = [0u8; 64];
     while !stop.load(Ordering::Relaxed) {
@@ -78,18 +87,24 @@ fn ask(socket: &UdpSocket, server: SocketAddrV4, stop: &AtomicBool) -> Result<St
         socket.send_to(&question, server).context("asking through masquerade")?;
         stats.asked += 1;
         // Answers to questions that timed out may still come: only this question's counts.
-        let deadline = Instant::now() + PATIENCE;
+        let (asked_at, deadline) = (started.elapsed(), Instant::now() + PATIENCE);
+        let mut answered = false;
         while Instant::now() < deadline {
             match socket.recv_from(&mut buf) {
                 Ok((8, _)) if buf[..8] == question => {
-                    stats.answered += 1;
-                    stats.longest_silence = stats.longest_silence.max(last_answer.elapsed());
-                    last_answer = Instant::now();
+                    answered = true;
                     break;
                 }
                 Ok(_) => {}
                 Err(_) => break,
             }
+        }
+        if answered {
+            stats.answered += 1;
+            stats.longest_silence = stats.longest_silence.max(last_answer.elapsed());
+            last_answer = Instant::now();
+        } else {
+            stats.lost_at.push(asked_at);
         }
         std::thread::sleep(PACE);
     }

@@ -82,6 +82,12 @@ impl ScaleFigures {
         if self.churn.duplicates > 0 {
             problems.push(format!("churn: {} duplicate addresses", self.churn.duplicates));
         }
+        if self.churn.traffic.translations.len() > 1 {
+            problems.push(format!(
+                "churn: the resident pod's flow was translated anew: {:?}",
+                self.churn.traffic.translations
+            ));
+        }
         problems.extend(self.churn.leaks.iter().map(|l| format!("churn: leak: {l}")));
         problems.extend(self.churn.failures.iter().map(|f| format!("churn: failed: {f}")));
         problems.extend(self.namespaces_left.iter().map(|n| format!("namespace left: {n}")));

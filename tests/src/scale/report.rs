@@ -25,8 +25,17 @@ impl Display for ScaleFigures {
         row(
             f,
             "churn: masqueraded UDP questions answered",
-            format!("{} of {}, longest silence {:.0?}", t.answered, t.asked, t.longest_silence),
+            format!(
+                "{} of {}, longest silence {:.0?}; unanswered ones asked at {:.1?}; the server saw {}",
+                t.answered,
+                t.asked,
+                t.longest_silence,
+                t.lost_at,
+                t.translations.iter().map(|(from, at)| format!("{from} from {at:.1?}")).collect::<Vec<_>>().join(", ")
+            ),
         )?;
+        let drops: Vec<String> = c.drops.iter().map(|(reason, n)| format!("reason {reason}: {n}")).collect();
+        row(f, "churn: datapath drops (METRICS)", list(&drops))?;
         row(f, "churn: GC", c.gc.join("; "))?;
         fill_rows(f, &format!("{} pods on one node", s.pods), &self.node)?;
         let k = &self.kills;
