@@ -38,6 +38,16 @@ impl Series {
         summarize(self.0.iter().filter(|(c, _)| *c < cycles).map(|(_, k)| *k))
     }
 
+    /// The samples nearest the start, the quarters and the end: a leak grows steadily, an
+    /// allocator settling does not.
+    pub fn quarters(&self) -> Vec<u64> {
+        let n = self.0.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        (0..=4).map(|q| self.0[(n - 1) * q / 4].1).collect()
+    }
+
     /// Samples of the last `cycles` cycles.
     pub fn last(&self, cycles: usize) -> Summary {
         let end = self.0.iter().map(|(c, _)| c + 1).max().unwrap_or(0);

@@ -21,6 +21,11 @@ impl Display for ScaleFigures {
         row(f, format!("churn: plugin peak RSS per verb, last {window} cycles"), c.plugin_rss.last(window))?;
         row(f, format!("churn: agent VmRSS, first {window} cycles"), c.agent_rss.first(window))?;
         row(f, format!("churn: agent VmRSS, last {window} cycles"), c.agent_rss.last(window))?;
+        row(
+            f,
+            "churn: agent VmRSS at the start, each quarter and the end (KiB)",
+            format!("{:?}", c.agent_rss.quarters()),
+        )?;
         let t = &c.traffic;
         row(
             f,
