@@ -20,9 +20,9 @@ pub fn run(ours: &Plugin, smoke: bool, dir: Option<&Path>, date: &str) -> Result
     let load = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
     let figures = scale::run(&settings, ours, "bsc")?;
     let text = format!(
-        "# ebpf-cni at scale, {date}\n\n{} CPUs, load average {} when the run started; plugin {}. Wall times are \
+        "# ebpf-cni at scale, {date}\n\n{}\n\nLoad average {} when the run started; plugin {}. Wall times are \
          rough (a shared machine).\n\n{figures}",
-        std::thread::available_parallelism().map_or(0, usize::from),
+        crate::provenance::line(),
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         ours.binary.display(),
     );
