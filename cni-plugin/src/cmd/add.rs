@@ -163,19 +163,14 @@ impl Setup<'_> {
             let host_route = IpNetwork::new(*ip, if ip.is_ipv4() { 32 } else { 128 }).expect("host prefix");
             self.node.add_route(host_route, None, host.index).await.cni(ErrorCode::IO, "cannot add host route")?;
         }
-        // Resolved ahead, so that neither side ever asks (see `add_permanent_neighbour`): the
-        // pod's gateways are the host veth, the node's routes to the pod lead to the pod's MAC.
+        // The pod's gateways are the host veth: resolved ahead, the pod never asks (see
+        // `add_permanent_neighbour`). The node's side is left to resolve the pod: a plugin chained
+        // after this one (tuning) may change the pod's MAC, which a permanent entry would not follow.
         for gw in allocation.ips.iter().filter_map(|ip| ip.gateway) {
             self.pod
                 .add_permanent_neighbour(pod.index, gw, host.mac)
                 .await
                 .cni(ErrorCode::IO, "cannot add the gateway's neighbour entry")?;
-        }
-        for ip in &ips {
-            self.node
-                .add_permanent_neighbour(host.index, *ip, pod.mac)
-                .await
-                .cni(ErrorCode::IO, "cannot add the pod's neighbour entry")?;
         }
         fault::point("add:after-routes");
         self.limit_bandwidth(host.index).await?;

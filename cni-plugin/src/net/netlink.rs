@@ -170,8 +170,7 @@ impl Netlink {
 
     /// A permanent neighbour entry: `ip` is at `mac` on link `index`. Permanent entries are
     /// exempt from the neighbour table's limit (gc_thresh3, 1,024 by default), which every
-    /// network namespace shares: a node of a thousand pods would otherwise need two resolved
-    /// entries per pod (the pod's gateway, the node's route to the pod) and overflow it, and
+    /// network namespace shares: a thousand pods each resolving its gateway would fill it, and
     /// then new entries fail machine-wide.
     pub async fn add_permanent_neighbour(&self, index: u32, ip: IpAddr, mac: [u8; 6]) -> Result<()> {
         self.handle

@@ -1,7 +1,7 @@
 //! A node filled with pods and emptied again, ADDs and DELs `width` at a time and some killed:
-//! no address given twice, every pod that was added answers a ping from the node, GC with the
-//! added pods valid leaves exactly them, and after their DELs and a GC with none valid nothing
-//! is left.
+//! no address given twice, every pod that was added answers a ping from one of them and a
+//! sample of them a ping from the node, GC with the added pods valid leaves exactly them, and
+//! after their DELs and a GC with none valid nothing is left.
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -13,14 +13,22 @@ use super::{
 };
 use crate::Testbed;
 
+/// Pods the node pings. The node resolves each pod it talks to (a pod resolves nothing: its
+/// gateway's entry is permanent), and resolved entries count against a neighbour table limit
+/// that every namespace of the machine shares (gc_thresh3, 1,024 by default): a thousand would
+/// crowd out the machine's own.
+pub const NODE_SAMPLE: usize = 64;
+
 #[derive(Clone, Debug, Default)]
 pub struct FillFigures {
     /// Pods whose ADD was started, and of those, added (ADD not killed, nothing failed).
     pub pods: usize,
     pub added: usize,
     pub duplicates: usize,
-    /// Added pods that answered a ping from the node.
-    pub reachable: usize,
+    /// Pings from the first added pod to every other one: (answered, sent).
+    pub from_pod: (usize, usize),
+    /// Pings from the node to the first [`NODE_SAMPLE`] added pods: (answered, sent).
+    pub from_node: (usize, usize),
     pub add_wall: Duration,
     pub del_wall: Duration,
     /// The plugin's summary of each GC.
@@ -49,8 +57,13 @@ pub fn fill_and_empty(tb: &mut Testbed, killer: &Killer, count: usize, width: us
         .collect();
     figures.added = up.len();
     figures.duplicates = duplicates(up.iter().map(|(_, ip)| *ip));
-    let addresses: Vec<_> = up.iter().map(|(_, ip)| *ip).collect();
-    figures.reachable = up.len() - reach::unanswered(&tb.node.name, &addresses)?.len();
+    if let Some(((prober, _), others)) = up.split_first() {
+        let others: Vec<_> = others.iter().map(|(_, ip)| *ip).collect();
+        let silent = reach::unanswered(&tb.pods[*prober].netns.name, &others)?.len();
+        figures.from_pod = (others.len() - silent, others.len());
+    }
+    let sample: Vec<_> = up.iter().take(NODE_SAMPLE).map(|(_, ip)| *ip).collect();
+    figures.from_node = (sample.len() - reach::unanswered(&tb.node.name, &sample)?.len(), sample.len());
 
     let valid: Vec<usize> = up.iter().map(|(pod, _)| *pod).collect();
     figures.gc.push(tb.gc_report(&valid)?);

@@ -73,8 +73,10 @@ impl ScaleFigures {
             if fill.duplicates > 0 {
                 problems.push(format!("{phase}: {} duplicate addresses", fill.duplicates));
             }
-            if fill.reachable != fill.added {
-                problems.push(format!("{phase}: {} of {} pods unreachable", fill.added - fill.reachable, fill.added));
+            for (from, (answered, sent)) in [("a pod", fill.from_pod), ("the node", fill.from_node)] {
+                if answered != sent {
+                    problems.push(format!("{phase}: {} of {sent} pods did not answer {from}", sent - answered));
+                }
             }
             problems.extend(fill.leaks.iter().map(|l| format!("{phase}: leak: {l}")));
             problems.extend(fill.failures.iter().map(|f| format!("{phase}: failed: {f}")));

@@ -64,7 +64,10 @@ fn fill_rows(f: &mut Formatter<'_>, phase: &str, fill: &FillFigures) -> fmt::Res
         format!("{} of {} in {:.1?}, deleted in {:.1?}", fill.added, fill.pods, fill.add_wall, fill.del_wall),
     )?;
     row(f, format!("{phase}: duplicate addresses"), fill.duplicates)?;
-    row(f, format!("{phase}: reachable (ping from the node)"), format!("{} of {}", fill.reachable, fill.added))?;
+    let (answered, sent) = fill.from_pod;
+    row(f, format!("{phase}: reachable from one pod (ping to each other pod)"), format!("{answered} of {sent}"))?;
+    let (answered, sent) = fill.from_node;
+    row(f, format!("{phase}: reachable from the node (ping, first {sent} pods)"), format!("{answered} of {sent}"))?;
     row(f, format!("{phase}: leaks"), list(&fill.leaks))?;
     row(f, format!("{phase}: failed verbs (not killed)"), list(&fill.failures))?;
     row(f, format!("{phase}: GC"), fill.gc.join("; "))
