@@ -1,8 +1,9 @@
 //! Scale and faults, reduced for CI (the full run is `cargo xtask bench -- --only scale`):
 //! 64 pods added and deleted at once; 200 ADD/DEL cycles on a masquerading node with a pod
 //! talking through the masquerade path and the agent running; 250 pods on one node, each
-//! pinged; one verb in ten killed with SIGKILL at a random point; GC after each phase. No
-//! address twice, nothing left, memory flat. See `ebpf_cni_tests::scale`.
+//! pinged from one of them (and 64 from the node); one verb in ten killed with SIGKILL at a
+//! random point; GC after each phase. No address twice, nothing left, memory flat. See
+//! `ebpf_cni_tests::scale`.
 use ebpf_cni_tests::{
     Plugin, Testbed, run_in,
     scale::{self, ScaleSettings, memory::Summary},
