@@ -1,10 +1,9 @@
 //! Scale and faults (issue 26), ebpf-cni only, not in the default run nor in `--smoke`: 64
 //! pods added and deleted at once, 1,000 ADD/DEL cycles on a node with masqueraded traffic
 //! and the agent running, 1,000 pods on one node each pinged from one of them (64 from the
-//! node), one verb in 20 killed with
-//! SIGKILL at a random point, GC after each phase. The run is the test's
-//! (`ebpf_cni_tests::scale`) at full size; the figures are counts, not timings to compare, so
-//! they go to their own file rather than the paths table.
+//! node), one verb in 20 killed with SIGKILL at a random point, GC after each phase. The run is
+//! the test's (`ebpf_cni_tests::scale`) at full size; the figures are counts, not timings to
+//! compare, so they go to their own file rather than the paths table.
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
