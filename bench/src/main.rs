@@ -7,6 +7,7 @@ mod cold;
 mod conn_rate;
 mod control;
 mod cpu;
+mod cross_node;
 mod datapath;
 mod full_maps;
 mod hold;
@@ -25,6 +26,7 @@ mod service_sync;
 mod sockperf;
 mod stats;
 mod topology;
+mod two_nodes;
 mod uplink;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -68,6 +70,10 @@ enum HoldPath {
     EbpfCni,
     Bridge,
     BareVeth,
+    /// A pod on each of two ebpf-cni nodes (the cross-node section's).
+    CrossEbpfCni,
+    CrossBridge,
+    BareNodes,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -76,6 +82,9 @@ enum Section {
     /// Pod → pod over IPv6, dual-stack pods.
     Datapath6,
     Masquerade,
+    /// Pod → pod across two nodes (host-gw routes), against bridge and the bare wire.
+    #[value(name = "crossnode", alias = "cross-node")]
+    CrossNode,
     Control,
     /// ADD and DEL with full NAT and FLOWS maps (ebpf-cni only).
     ControlFullMaps,
@@ -92,10 +101,11 @@ enum Section {
 }
 
 /// What runs when `--only` is not given.
-const DEFAULT_SECTIONS: [Section; 8] = [
+const DEFAULT_SECTIONS: [Section; 9] = [
     Section::Datapath,
     Section::Datapath6,
     Section::Masquerade,
+    Section::CrossNode,
     Section::Service,
     Section::ServiceAftermath,
     Section::Uplink,
@@ -145,12 +155,16 @@ fn run_bench(cli: Cli) -> Result<()> {
         None => Plugin::from_env()?,
     };
     if let Some(hold) = cli.hold {
-        let path = match hold {
-            HoldPath::EbpfCni => topology::Path::EbpfCni,
-            HoldPath::Bridge => topology::Path::Bridge,
-            HoldPath::BareVeth => topology::Path::BareVeth,
+        use topology::Path::*;
+        let (path, cross) = match hold {
+            HoldPath::EbpfCni => (EbpfCni, false),
+            HoldPath::Bridge => (Bridge, false),
+            HoldPath::BareVeth => (BareVeth, false),
+            HoldPath::CrossEbpfCni => (EbpfCni, true),
+            HoldPath::CrossBridge => (Bridge, true),
+            HoldPath::BareNodes => (BareNodes, true),
         };
-        return hold::run(path, &ours);
+        return hold::run(path, cross, &ours);
     }
     let settings = if cli.smoke {
         // 500 Services: every code path of 10,000 at a fraction of the restore's time.
@@ -193,6 +207,9 @@ fn run_bench(cli: Cli) -> Result<()> {
     }
     if wanted(Section::Masquerade) {
         figures.extend(masquerade::run(&settings, &ours)?);
+    }
+    if wanted(Section::CrossNode) {
+        figures.extend(cross_node::run(&settings, &ours)?);
     }
     if wanted(Section::Service) {
         figures.extend(service::run(&settings, &ours)?);

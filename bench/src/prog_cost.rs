@@ -80,3 +80,21 @@ fn not_ip(frame: &[u8]) -> Vec<u8> {
 fn median_ns(times: &[std::time::Duration]) -> f64 {
     times.iter().map(|t| t.as_secs_f64() * 1e9).collect::<Samples>().median()
 }
+
+/// The cost per packet of an ingress program on `ifname` that rewrites `frame` and redirects
+/// it (a pod's packet sent to another node, one delivered into a pod): [`cost`]'s single runs,
+/// the frame arriving on `ifname` (`ingress_ifindex`, which such a program checks).
+pub fn redirect_cost(tb: &Testbed, program: &str, ifname: &str, frame: &[u8], runs: Runs) -> Result<Timed> {
+    let each = |frame: Vec<u8>| prog_run::time_each_arrived(tb, program, ifname, ifname, frame, runs.singles);
+    let (verdict, out, _) = prog_run::time_each_arrived(tb, program, ifname, ifname, frame.to_vec(), 1)?;
+    let (_, own) = prog_run::time(tb, program, ifname, not_ip(frame), runs.repeat)?;
+    let mut samples = Samples::default();
+    for _ in 0..TIMINGS {
+        let (v, _, times) = each(frame.to_vec())?;
+        ensure!(v == verdict, "{program}: verdict {verdict}, then {v}");
+        let (_, _, fixed) = each(not_ip(frame))?;
+        samples.push(median_ns(&times) - median_ns(&fixed) + own.as_secs_f64() * 1e9);
+    }
+    let rewrote = out.get(ETH_LEN..) != frame.get(ETH_LEN..) || out.get(..ETH_LEN) != frame.get(..ETH_LEN);
+    Ok(Timed { verdict, out, ns: samples.median(), rewrote })
+}

@@ -28,7 +28,8 @@ pub struct Figure {
     /// One value per round for each path measured, in round order (for a pooled figure, the
     /// round's own 99th percentile).
     pub values: Vec<(Path, Samples)>,
-    pub target: Option<Target>,
+    /// Every bound ebpf-cni must meet (the cross-node section sets two per figure).
+    pub targets: Vec<Target>,
     /// With [`Figure::pooled_p99`]: every sample of every round, per path; the figure is their
     /// 99th percentile (one round holds too few samples for a p99 of its own to mean much).
     pub pooled: Option<Vec<(Path, Samples)>>,
@@ -36,7 +37,7 @@ pub struct Figure {
 
 impl Figure {
     pub fn new(section: &'static str, name: impl Into<String>, unit: &'static str, better: Better) -> Self {
-        Self { section, name: name.into(), unit, better, values: Vec::new(), target: None, pooled: None }
+        Self { section, name: name.into(), unit, better, values: Vec::new(), targets: Vec::new(), pooled: None }
     }
 
     /// The figure is the 99th percentile of all samples; record rounds with [`Figure::record_round`].
@@ -45,8 +46,9 @@ impl Figure {
         self
     }
 
+    /// One more bound: called twice, the figure must meet both.
     pub fn target(mut self, against: Option<Path>, bound: f64) -> Self {
-        self.target = Some(Target { against, bound });
+        self.targets.push(Target { against, bound });
         self
     }
 
@@ -92,26 +94,30 @@ impl Figure {
         ratios.range().filter(|(lo, hi)| lo.is_finite() && hi.is_finite())
     }
 
-    /// Whether ebpf-cni meets the target (None: no target, or nothing to judge it by).
+    /// Whether ebpf-cni meets every target (None: no target, or nothing to judge one by).
     pub fn met(&self) -> Option<bool> {
-        let target = self.target?;
-        let value = match target.against {
-            Some(other) => self.ratio(other)?,
-            None => self.median(Path::EbpfCni)?,
-        };
-        Some(match self.better {
-            Better::Higher => value >= target.bound,
-            Better::Lower => value <= target.bound,
-        })
+        let mut all = None;
+        for target in &self.targets {
+            let value = match target.against {
+                Some(other) => self.ratio(other)?,
+                None => self.median(Path::EbpfCni)?,
+            };
+            let met = match self.better {
+                Better::Higher => value >= target.bound,
+                Better::Lower => value <= target.bound,
+            };
+            all = Some(all.unwrap_or(true) && met);
+        }
+        all
     }
 
     fn target_text(&self) -> String {
-        let Some(t) = self.target else { return String::new() };
         let op = if self.better == Better::Higher { "≥" } else { "≤" };
-        match t.against {
+        let text = |t: &Target| match t.against {
             Some(other) => format!("{op} {:.2}× {}", t.bound, other.name()),
             None => format!("{op} {}", t.bound),
-        }
+        };
+        self.targets.iter().map(text).collect::<Vec<_>>().join(", ")
     }
 
     /// ebpf-cni and every other path measured have values, all of them finite.
@@ -250,6 +256,14 @@ mod tests {
             heads[1].ends_with("| ebpf-cni pod → pod | ÷ bridge | ÷ bare veth | ÷ ebpf-cni pod → pod | target | met |")
         );
         assert!(text.lines().last().unwrap().contains("| 1.01× | ≤ 1.02× ebpf-cni pod → pod | yes |"), "{text}");
+    }
+
+    #[test]
+    fn two_targets_are_met_only_together() {
+        let mut f = figure().target(Some(Path::Bridge), 1.0);
+        f.record(Path::Bridge, 11.0);
+        let text = table(&[f]);
+        assert!(text.contains("| ≥ 0.95× bare veth, ≥ 1.00× bridge | **no** |"), "{text}");
     }
 
     #[test]

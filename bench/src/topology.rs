@@ -38,6 +38,8 @@ pub enum Path {
     BridgeNft,
     /// ebpf-cni pod → pod on the same node as its ClusterIP figure: what a Service may cost.
     OwnPodToPod,
+    /// Two node namespaces talking over the wire between them, no pod: the cross-node ceiling.
+    BareNodes,
 }
 
 impl Path {
@@ -45,7 +47,7 @@ impl Path {
     pub const ALL: [Self; 4] = [Self::EbpfCni, Self::Bridge, Self::BareVeth, Self::Loopback];
     pub const PLUGINS: [Self; 2] = [Self::EbpfCni, Self::Bridge];
     /// Every column, in the tables' order.
-    pub const EVERY: [Self; 7] = [
+    pub const EVERY: [Self; 8] = [
         Self::EbpfCni,
         Self::Bridge,
         Self::BareVeth,
@@ -53,6 +55,7 @@ impl Path {
         Self::EbpfCniKubeProxy,
         Self::BridgeNft,
         Self::OwnPodToPod,
+        Self::BareNodes,
     ];
 
     pub fn name(self) -> &'static str {
@@ -64,6 +67,7 @@ impl Path {
             Self::EbpfCniKubeProxy => "ebpf-cni + kube-proxy",
             Self::BridgeNft => "bridge + nftables",
             Self::OwnPodToPod => "ebpf-cni pod → pod",
+            Self::BareNodes => "bare node → node",
         }
     }
 
@@ -129,6 +133,10 @@ enum Keep {
     Node {
         node: Box<Testbed>,
     },
+    /// Two nodes, the client's first (`cross_node.rs`).
+    Nodes {
+        nodes: Box<[Testbed; 2]>,
+    },
     Namespaces {
         _namespaces: Vec<NetnsGuard>,
     },
@@ -149,6 +157,30 @@ impl Pair {
         }
     }
 
+    /// Between a pod of each node: they (and the wire between them) go with the pair.
+    pub fn across(nodes: [Testbed; 2], server_ip: &str) -> Self {
+        Self {
+            client_ns: nodes[0].pods[0].netns.name.clone(),
+            server_ns: nodes[1].pods[0].netns.name.clone(),
+            server_ip: server_ip.into(),
+            dial_ip: server_ip.into(),
+            keep: Keep::Nodes { nodes: Box::new(nodes) },
+            cgroup: None,
+        }
+    }
+
+    /// Between two namespaces that go with the pair.
+    pub fn owning(namespaces: [NetnsGuard; 2], server_ip: &str) -> Self {
+        Self {
+            client_ns: namespaces[0].name.clone(),
+            server_ns: namespaces[1].name.clone(),
+            server_ip: server_ip.into(),
+            dial_ip: server_ip.into(),
+            keep: Keep::Namespaces { _namespaces: namespaces.into() },
+            cgroup: None,
+        }
+    }
+
     /// The same pair, its clients dialling `ip` (a ClusterIP) instead of the server's address.
     pub fn dialling(mut self, ip: &str) -> Self {
         self.dial_ip = ip.into();
@@ -164,6 +196,14 @@ impl Pair {
     pub fn node(&self) -> Option<&Testbed> {
         match &self.keep {
             Keep::Node { node } => Some(node),
+            _ => None,
+        }
+    }
+
+    /// The client's node and the server's, for a pair across two nodes.
+    pub fn nodes(&self) -> Option<&[Testbed; 2]> {
+        match &self.keep {
+            Keep::Nodes { nodes } => Some(nodes),
             _ => None,
         }
     }

@@ -51,6 +51,19 @@ pub fn time_each(
     run_repeated(tb, name, ifname, None, frame, 1, runs)
 }
 
+/// [`time_each`] for a frame that arrived on `arrived_on` (`ingress_ifindex`): a TC ingress
+/// program reads the interface it runs on there.
+pub fn time_each_arrived(
+    tb: &Testbed,
+    name: &str,
+    ifname: &str,
+    arrived_on: &str,
+    frame: Vec<u8>,
+    runs: usize,
+) -> anyhow::Result<(u32, Vec<u8>, Vec<Duration>)> {
+    run_repeated(tb, name, ifname, Some(arrived_on), frame, 1, runs)
+}
+
 fn try_run_arrived(
     tb: &Testbed,
     name: &str,
