@@ -36,6 +36,7 @@ fn colour(path: Path) -> &'static str {
         Path::EbpfCniKubeProxy => "#93c5fd",
         Path::BridgeNft => "#fdba74",
         Path::OwnPodToPod => "#1e3a8a",
+        Path::Floor => "#16a34a",
     }
 }
 

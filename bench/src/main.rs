@@ -8,6 +8,7 @@ mod conn_rate;
 mod control;
 mod cpu;
 mod datapath;
+mod floor;
 mod full_maps;
 mod hold;
 mod iperf;
