@@ -68,6 +68,8 @@ enum HoldPath {
     EbpfCni,
     Bridge,
     BareVeth,
+    /// ebpf-cni's pods with the floor program in front of `from_pod` (`floor.rs`).
+    Floor,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -146,6 +148,7 @@ fn run_bench(cli: Cli) -> Result<()> {
             HoldPath::EbpfCni => topology::Path::EbpfCni,
             HoldPath::Bridge => topology::Path::Bridge,
             HoldPath::BareVeth => topology::Path::BareVeth,
+            HoldPath::Floor => topology::Path::Floor,
         };
         return hold::run(path, &ours);
     }

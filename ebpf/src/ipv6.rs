@@ -44,7 +44,7 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     // ICMPv6 (neighbour discovery needs the whole entry) by `ENDPOINTS`; the rest by the host
     // veth's slot first (`sender.rs`).
     let own = if next_header == ndp::PROTO_ICMPV6 {
-        let Some(own) = sender::endpoint_of(packet::ingress_ifindex(ctx), &IpKey::v6(src)) else {
+        let Some(own) = sender::endpoint_of(packet::ingress_ifindex(ctx), &IpKey::v6_words(src)) else {
             return maps::drop(ctx, DropReason::SpoofedSource);
         };
         // SAFETY (here and below): a hash map value, valid while this program runs.
@@ -71,7 +71,8 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
         return maps::drop(ctx, DropReason::SpoofedSource);
     }
     // A pointer, not a copy (as for IPv4).
-    let peer = maps::ENDPOINTS.get_ptr(&IpKey::v6(dst)).filter(|&p| unsafe { (*p).flags } & ENDPOINT_LINK_LOCAL == 0);
+    let peer =
+        maps::ENDPOINTS.get_ptr(&IpKey::v6_words(dst)).filter(|&p| unsafe { (*p).flags } & ENDPOINT_LINK_LOCAL == 0);
     let config = config::get();
     // Not a pod here, not a pod elsewhere: the stack's (the node, Services, the outside, an
     // unassigned address of this node's subnet).

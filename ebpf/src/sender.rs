@@ -61,7 +61,7 @@ pub fn v6(ctx: &TcContext, src: &[u8; 16]) -> Option<Sender> {
     {
         return Some(Sender::of_slot(slot));
     }
-    own_endpoint(ifindex, &IpKey::v6(*src))
+    own_endpoint(ifindex, &IpKey::v6_words(*src))
 }
 
 /// `ENDPOINTS`' entry for `key`, if it is the pod's behind `ifindex`.
