@@ -37,6 +37,7 @@ fn colour(path: Path) -> &'static str {
         Path::BridgeNft => "#fdba74",
         Path::OwnPodToPod => "#1e3a8a",
         Path::BareNodes => "#374151",
+        Path::Floor => "#16a34a",
     }
 }
 

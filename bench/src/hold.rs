@@ -18,6 +18,10 @@ pub fn run(path: Path, cross: bool, ours: &Plugin) -> Result<()> {
     println!("client_ns {}", pair.client_ns);
     println!("server_ns {}", pair.server_ns);
     println!("server_ip {}", pair.server_ip);
+    if let Some(node) = pair.node() {
+        println!("node_ns {}", node.node.name);
+        println!("pins {}", node.loaded_version_dir().display());
+    }
     println!("kept until Enter");
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;

@@ -9,6 +9,7 @@ mod control;
 mod cpu;
 mod cross_node;
 mod datapath;
+mod floor;
 mod full_maps;
 mod hold;
 mod iperf;
@@ -74,6 +75,8 @@ enum HoldPath {
     CrossEbpfCni,
     CrossBridge,
     BareNodes,
+    /// ebpf-cni's pods with the floor program in front of `from_pod` (`floor.rs`).
+    Floor,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -163,6 +166,7 @@ fn run_bench(cli: Cli) -> Result<()> {
             HoldPath::CrossEbpfCni => (EbpfCni, true),
             HoldPath::CrossBridge => (Bridge, true),
             HoldPath::BareNodes => (BareNodes, true),
+            HoldPath::Floor => (Floor, false),
         };
         return hold::run(path, cross, &ours);
     }

@@ -40,18 +40,23 @@ pub enum Path {
     OwnPodToPod,
     /// Two node namespaces talking over the wire between them, no pod: the cross-node ceiling.
     BareNodes,
+    /// ebpf-cni's pods with the floor program in front of `from_pod` (`floor.rs`).
+    Floor,
 }
 
 impl Path {
     /// The pod → pod paths.
     pub const ALL: [Self; 4] = [Self::EbpfCni, Self::Bridge, Self::BareVeth, Self::Loopback];
+    /// The datapath sections' paths: the pod → pod ones and the floor.
+    pub const DATAPATH: [Self; 5] = [Self::EbpfCni, Self::Floor, Self::Bridge, Self::BareVeth, Self::Loopback];
     pub const PLUGINS: [Self; 2] = [Self::EbpfCni, Self::Bridge];
     /// Every column, in the tables' order.
-    pub const EVERY: [Self; 8] = [
+    pub const EVERY: [Self; 9] = [
         Self::EbpfCni,
         Self::Bridge,
         Self::BareVeth,
         Self::Loopback,
+        Self::Floor,
         Self::EbpfCniKubeProxy,
         Self::BridgeNft,
         Self::OwnPodToPod,
@@ -68,6 +73,7 @@ impl Path {
             Self::BridgeNft => "bridge + nftables",
             Self::OwnPodToPod => "ebpf-cni pod → pod",
             Self::BareNodes => "bare node → node",
+            Self::Floor => "floor (MAC rewrite + redirect_peer)",
         }
     }
 
@@ -75,7 +81,7 @@ impl Path {
     pub fn base(self) -> Self {
         match self {
             Self::Bridge | Self::BridgeNft => Self::Bridge,
-            Self::EbpfCni | Self::EbpfCniKubeProxy | Self::OwnPodToPod => Self::EbpfCni,
+            Self::EbpfCni | Self::EbpfCniKubeProxy | Self::OwnPodToPod | Self::Floor => Self::EbpfCni,
             other => other,
         }
     }
@@ -236,6 +242,11 @@ pub fn build(path: Path, ours: &Plugin, family: Family) -> Result<Pair> {
                 keep: Keep::Namespaces { _namespaces: vec![ns] },
                 cgroup: None,
             })
+        }
+        Path::Floor => {
+            let pair = pods(path, ours, family, None)?;
+            crate::floor::attach(&pair, ours)?;
+            Ok(pair)
         }
         _ => pods(path, ours, family, None),
     }

@@ -27,6 +27,22 @@ impl IpKey {
     pub const fn v6(addr: [u8; 16]) -> Self {
         IpKey { family: FAMILY_IPV6, pad: [0; 3], addr }
     }
+
+    /// The same key built from words, as [`IpKey::v4`]: `from_pod`'s, where zeroing the padding
+    /// field by field was one more byte-loop `memset` call per lookup. Not everywhere: in the
+    /// Service programs, which sit at the verifier's 512-byte stack limit, it moved their stack
+    /// past it.
+    pub const fn v6_words(a: [u8; 16]) -> Self {
+        let words = [
+            u32::from_ne_bytes([FAMILY_IPV6, 0, 0, 0]),
+            u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+            u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+            u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+            u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+        ];
+        // SAFETY: as in `v4`.
+        unsafe { core::mem::transmute::<[u32; 5], IpKey>(words) }
+    }
 }
 
 /// `Endpoint::flags`: the key is the pod's IPv6 link-local address. It vouches for the pod's
@@ -77,6 +93,52 @@ pub struct Endpoint {
     pub stack_epoch: u32,
 }
 
+/// Value of `HOST_VETHS`: the pod behind a host veth, as `from_pod` needs it for every packet
+/// the pod sends, in an array slot found from the veth's ifindex (`ifindex %
+/// HOST_VETHS_SLOTS`) rather than by hashing the packet's source address into `ENDPOINTS`. Only
+/// a shortcut: a slot that holds another veth (ifindexes only grow, so two live veths may share
+/// a slot; the later ADD takes it), or a source that is not the slot's address, is looked up in
+/// `ENDPOINTS` as before, and only that lookup drops a spoofed source.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostVeth {
+    /// The host veth's ifindex; 0: a free slot.
+    pub ifindex: u32,
+    /// The pod's `Endpoint::flags` (never `ENDPOINT_LINK_LOCAL`).
+    pub flags: u32,
+    /// The attachment, as `Endpoint::owner`.
+    pub owner: u64,
+    /// The pod's stack epoch, marked and renewed with its `ENDPOINTS` entries' (the highest of
+    /// its addresses', so both families' flows are looked up while either's lives: never fewer
+    /// lookups than `ENDPOINTS` would give).
+    pub stack_epoch: u32,
+    /// The pod's IPv4 address; all zero: none (its packets take `ENDPOINTS`).
+    pub ipv4: [u8; 4],
+    /// The pod's global IPv6 address; all zero: none. Its link-local one is not here.
+    pub ipv6: [u8; 16],
+}
+
+/// Slots of `HOST_VETHS`. A power of two, so the slot is a mask of the ifindex. 4,096 slots of
+/// 40 bytes are 160 KiB; with kubelet's default of 110 pods a new veth finds its slot held by
+/// another live one about 3 % of the time, and that pod's packets take `ENDPOINTS`.
+pub const HOST_VETHS_SLOTS: u32 = 4_096;
+
+/// The `HOST_VETHS` slot of host veth `ifindex`.
+pub const fn host_veth_slot(ifindex: u32) -> u32 {
+    ifindex & (HOST_VETHS_SLOTS - 1)
+}
+
+/// The benchmarks' floor program's one setting (a load-time global): where it redirects every
+/// frame, and the MACs it writes. Not part of the pinned layout: the plugin never loads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FloorTarget {
+    /// The host veth of the pod the frames go into (`bpf_redirect_peer`).
+    pub ifindex: u32,
+    pub dst_mac: [u8; 6],
+    pub src_mac: [u8; 6],
+}
+
 /// Per-CPU packet and byte counts for one drop reason (value of `METRICS`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,6 +150,19 @@ pub struct Counter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v6_keys_are_the_fields_written_out() {
+        let addr = [0xfd, 0, 0x10, 0x42, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34];
+        assert_eq!(IpKey::v6_words(addr), IpKey::v6(addr));
+    }
+
+    #[test]
+    fn host_veths_keep_their_layout() {
+        assert_eq!(core::mem::size_of::<HostVeth>(), 40);
+        assert!(HOST_VETHS_SLOTS.is_power_of_two());
+        assert_eq!(host_veth_slot(HOST_VETHS_SLOTS + 7), 7);
+    }
 
     #[test]
     fn v4_keys_are_the_fields_written_out() {

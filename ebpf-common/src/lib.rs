@@ -18,8 +18,8 @@ mod shares;
 pub use config::DatapathConfig;
 pub use drop_reason::DropReason;
 pub use endpoint::{
-    Counter, ENDPOINT_EGRESS_SHAPED, ENDPOINT_LINK_LOCAL, ENDPOINT_SHAPED, Endpoint, FAMILY_IPV4, FAMILY_IPV6, IpKey,
-    ipv4_in_16,
+    Counter, ENDPOINT_EGRESS_SHAPED, ENDPOINT_LINK_LOCAL, ENDPOINT_SHAPED, Endpoint, FAMILY_IPV4, FAMILY_IPV6,
+    FloorTarget, HOST_VETHS_SLOTS, HostVeth, IpKey, host_veth_slot, ipv4_in_16,
 };
 pub use flows::*;
 pub use forward_path::ForwardPath;
@@ -47,6 +47,10 @@ pub const FEATURE_EGRESS_SHAPING: u64 = 2;
 /// `Endpoint::stack_epoch`), which the agent and GC renew and advance. Without it (the
 /// previous layout's programs: one-byte flags that never clear) nothing is renewed.
 pub const FEATURE_STACK_EPOCHS: u64 = 4;
+/// `FEATURES[0]` bit: the programs find a sending pod in `HOST_VETHS` by its host veth's
+/// ifindex first, and ADD, DEL, GC and the stack epochs' renewal keep that map. Pins of the
+/// previous release lack the bit and the map: the plugin then leaves it alone.
+pub const FEATURE_HOST_VETHS: u64 = 8;
 
 /// Capacity of `ENDPOINTS`: one entry per pod address on the node. 64 Ki entries of
 /// 20 + 32 bytes cost about 5 MiB of kernel memory, far above kubelet's default of 110 pods.
@@ -71,6 +75,11 @@ pub mod names {
     pub const FEATURES: &str = "FEATURES";
     pub const NAT_SHARES: &str = "NAT_SHARES";
     pub const STACK_EPOCH: &str = "STACK_EPOCH";
+    pub const HOST_VETHS: &str = "HOST_VETHS";
+    /// The benchmarks' reference program (`ebpf/src/floor.rs`): never loaded by the plugin.
+    pub const FLOOR: &str = "floor";
+    /// Its global, a [`crate::FloorTarget`].
+    pub const FLOOR_TARGET: &str = "FLOOR_TARGET";
     pub const NODE_ECHOES: &str = "NODE_ECHOES";
     pub const SVC_FRONTENDS: &str = "SVC_FRONTENDS";
     pub const SVC_BACKENDS: &str = "SVC_BACKENDS";
@@ -110,6 +119,8 @@ mod pod {
     // SAFETY: plain `#[repr(C)]` data with explicit padding fields and no invariants.
     unsafe impl aya::Pod for crate::IpKey {}
     unsafe impl aya::Pod for crate::Endpoint {}
+    unsafe impl aya::Pod for crate::HostVeth {}
+    unsafe impl aya::Pod for crate::FloorTarget {}
     unsafe impl aya::Pod for crate::Counter {}
     unsafe impl aya::Pod for crate::FlowKey {}
     unsafe impl aya::Pod for crate::NatEntry {}

@@ -4,7 +4,7 @@
 //!    dropped (`Malformed`); ethertypes other than IPv4, IPv6 and ARP (VLAN tags, LLDP…) too
 //!    (`UnsupportedProtocol`).
 //! 1. ARP goes to the responder (`arp.rs`), IPv6 to `ipv6.rs`.
-//! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing), and so is
+//! 2. IPv4 whose source is not the pod's own address is dropped (anti-spoofing, `sender.rs`), and so is
 //!    IPv4 to 127.0.0.0/8 (`Loopback`): with kube-proxy's `route_localnet=1` the stack would
 //!    deliver it to the node's loopback services.
 //! 3. IPv4 to another pod on this node is delivered straight into that pod with
@@ -24,8 +24,9 @@ use network_types::{
     ip::Ipv4Hdr,
 };
 
-use crate::{arp, config, deliver, fib, ipv6, maps, packet, stack_epoch, steer};
+use crate::{arp, config, deliver, fib, ipv6, maps, packet, sender, stack_epoch, steer};
 
+#[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {
     let Some(eth) = packet::header_mut::<EthHdr>(ctx, 0) else {
         return maps::drop(ctx, DropReason::Malformed);
@@ -64,9 +65,8 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     if dst[0] == 127 {
         return maps::drop(ctx, DropReason::Loopback);
     }
-    let own = match maps::endpoint(&IpKey::v4(src)) {
-        Some(own) if own.host_ifindex == packet::ingress_ifindex(ctx) => own,
-        _ => return maps::drop(ctx, DropReason::SpoofedSource),
+    let Some(own) = sender::v4(ctx, src) else {
+        return maps::drop(ctx, DropReason::SpoofedSource);
     };
     let config = config::get();
     // A pointer, not a copy: on a miss a copy's fields are undefined, and LLVM may spill them
@@ -80,7 +80,7 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     // Its own stack flows: its replies to flows the stack delivered, and a SYN that must forget
     // the other direction's old entry (`steer.rs`); the peer's: the other direction of those.
     // SAFETY (here and below): a hash map value, valid while this program runs.
-    let flagged = stack_epoch::live(&own) || peer.is_some_and(|p| stack_epoch::live(unsafe { &*p }));
+    let flagged = stack_epoch::live_epoch(own.stack_epoch) || peer.is_some_and(|p| stack_epoch::live(unsafe { &*p }));
     if steer::via_stack(ctx, flagged, own.owner, true) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }

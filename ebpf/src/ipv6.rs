@@ -15,7 +15,11 @@ use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, ENDPOINT_EGRESS_SHAPED, ENDPOINT_LINK_LOCAL, ForwardPath, IpKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, deliver, fib, maps, ndp, packet, stack_epoch, steer};
+use crate::{
+    config, deliver, fib, maps, ndp, packet,
+    sender::{self, Sender},
+    stack_epoch, steer,
+};
 
 pub fn from_pod(ctx: &TcContext) -> i32 {
     // A network without IPv6 addresses: the pods' kernels still send router solicitations and
@@ -37,19 +41,28 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
         }
         return maps::drop(ctx, DropReason::SpoofedSource);
     }
-    let own = match maps::endpoint(&IpKey::v6(src)) {
-        Some(own) if own.host_ifindex == packet::ingress_ifindex(ctx) => own,
-        _ => return maps::drop(ctx, DropReason::SpoofedSource),
-    };
-    if next_header == ndp::PROTO_ICMPV6 {
+    // ICMPv6 (neighbour discovery needs the whole entry) by `ENDPOINTS`; the rest by the host
+    // veth's slot first (`sender.rs`).
+    let own = if next_header == ndp::PROTO_ICMPV6 {
+        let Some(own) = sender::endpoint_of(packet::ingress_ifindex(ctx), &IpKey::v6_words(src)) else {
+            return maps::drop(ctx, DropReason::SpoofedSource);
+        };
+        // SAFETY (here and below): a hash map value, valid while this program runs.
+        let entry = unsafe { &*own };
         match ndp::icmp_type(ctx) {
-            Some(t) if ndp::is_solicitation(t) => return ndp::solicitation(ctx, &own),
-            Some(t) if ndp::is_advertisement(t) && !ndp::advertisement_is_own(ctx, &own) => {
+            Some(t) if ndp::is_solicitation(t) => return ndp::solicitation(ctx, entry),
+            Some(t) if ndp::is_advertisement(t) && !ndp::advertisement_is_own(ctx, entry) => {
                 return maps::drop(ctx, DropReason::SpoofedNeighbor);
             }
             _ => {}
         }
-    }
+        unsafe { Sender::of_endpoint(own) }
+    } else {
+        match sender::v6(ctx, &src) {
+            Some(own) => own,
+            None => return maps::drop(ctx, DropReason::SpoofedSource),
+        }
+    };
     if is_link_scope(&dst) {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
@@ -57,7 +70,9 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     if own.flags & ENDPOINT_LINK_LOCAL != 0 {
         return maps::drop(ctx, DropReason::SpoofedSource);
     }
-    let peer = maps::endpoint(&IpKey::v6(dst)).filter(|p| p.flags & ENDPOINT_LINK_LOCAL == 0);
+    // A pointer, not a copy (as for IPv4).
+    let peer =
+        maps::ENDPOINTS.get_ptr(&IpKey::v6_words(dst)).filter(|&p| unsafe { (*p).flags } & ENDPOINT_LINK_LOCAL == 0);
     let config = config::get();
     // Not a pod here, not a pod elsewhere: the stack's (the node, Services, the outside, an
     // unassigned address of this node's subnet).
@@ -65,7 +80,7 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
     // As for IPv4 (`from_pod.rs`): only flagged pods' flows are looked up in `FLOWS`.
-    let flagged = stack_epoch::live(&own) || peer.as_ref().is_some_and(stack_epoch::live);
+    let flagged = stack_epoch::live_epoch(own.stack_epoch) || peer.is_some_and(|p| stack_epoch::live(unsafe { &*p }));
     if steer::via_stack6(ctx, flagged, own.owner, true) {
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }
@@ -74,7 +89,7 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
     match peer {
-        Some(peer) => deliver::into_pod(ctx, &peer, ForwardPath::PodToPod),
+        Some(peer) => deliver::into_pod(ctx, unsafe { &*peer }, ForwardPath::PodToPod),
         None => match (packet::header_mut::<EthHdr>(ctx, 0), packet::header_mut::<Ipv6Hdr>(ctx, EthHdr::LEN)) {
             (Some(eth), Some(ip)) => fib::forward6(ctx, eth, ip),
             _ => maps::drop(ctx, DropReason::Malformed),

@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use ebpf_common::{
     Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
-    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, IpKey, NAT_MAX_ENTRIES, NAT_SHARES_MAX_ENTRIES,
-    NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES, PodFlows, Share, ShareKey,
+    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, HOST_VETHS_SLOTS, HostVeth, IpKey, NAT_MAX_ENTRIES,
+    NAT_SHARES_MAX_ENTRIES, NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES, PodFlows, Share, ShareKey,
 };
 
 /// Hash maps whose entries are allocated when inserted: creating a preallocated map of 65,536
@@ -20,6 +20,13 @@ const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 /// Pod address → its interface on this node. Written by the plugin on ADD, removed on DEL.
 #[btf_map]
 pub static ENDPOINTS: HashMap<IpKey, Endpoint, { ENDPOINTS_MAX_ENTRIES as usize }, NO_PREALLOC> = HashMap::new();
+
+/// Host veth ifindex (modulo the size) → the pod behind it: `from_pod`'s first look for the
+/// sender (`sender.rs`), an array slot the verifier turns into an address computation, where an
+/// `ENDPOINTS` lookup hashes a 20-byte key. Written by the plugin on ADD, cleared on DEL and GC;
+/// the size and the slot's rules are on `HOST_VETHS_SLOTS` in ebpf-common.
+#[btf_map]
+pub static HOST_VETHS: Array<HostVeth, { HOST_VETHS_SLOTS as usize }> = Array::new();
 
 /// Masqueraded flows, both directions (see `snat.rs`, `rev_snat.rs`). LRU: a full map forgets the oldest flow.
 #[btf_map]

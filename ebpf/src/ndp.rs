@@ -110,7 +110,8 @@ pub fn is_solicitation(icmp_type: u8) -> bool {
 /// Whether `addr` is one of the pod's (its link-local address has an entry too).
 #[inline(always)]
 fn own_address(addr: &[u8; 16], own: &Endpoint) -> bool {
-    maps::endpoint(&IpKey::v6(*addr)).is_some_and(|e| e.owner == own.owner)
+    // SAFETY: a hash map value, valid while this program runs.
+    maps::ENDPOINTS.get_ptr(&IpKey::v6_words(*addr)).is_some_and(|e| unsafe { (*e).owner } == own.owner)
 }
 
 /// The ICMPv6 checksum over the pseudo-header (addresses, length, next header) and the message.

@@ -2,7 +2,7 @@
 //! in this stack epoch or the last (`Endpoint::stack_epoch`; ebpf-common's `flows.rs` says how
 //! the agent renews and advances epochs). A pod that once used a Service is back on the fast
 //! path at no cost once its Service flows are gone.
-use ebpf_common::{Endpoint, STACK_EPOCH_SLOT, stack_epoch_live};
+use ebpf_common::{Endpoint, STACK_EPOCH_SLOT, host_veth_slot, stack_epoch_live};
 
 use crate::maps;
 
@@ -16,7 +16,13 @@ fn current() -> u32 {
 /// Whether `pod`'s flows need a look in `FLOWS`. Pods never marked pay no map lookup.
 #[inline(always)]
 pub fn live(pod: &Endpoint) -> bool {
-    pod.stack_epoch != 0 && stack_epoch_live(pod.stack_epoch, current())
+    live_epoch(pod.stack_epoch)
+}
+
+/// [`live`] for a pod whose mark is `epoch` (a `HOST_VETHS` slot's, `sender.rs`).
+#[inline(always)]
+pub fn live_epoch(epoch: u32) -> bool {
+    epoch != 0 && stack_epoch_live(epoch, current())
 }
 
 /// Marks `pod` as handed a flow by the stack now. Written only when it moves forward: most
@@ -31,6 +37,18 @@ pub unsafe fn mark(pod: *mut Endpoint) {
     unsafe {
         if (*pod).stack_epoch < epoch {
             (*pod).stack_epoch = epoch;
+        }
+        // The pod's `HOST_VETHS` slot too, if it is the pod's (`from_pod` reads the sender's
+        // mark there): by its own test, not only when the entry's moved, so that a slot never
+        // lags. ADD writes the slot before the entries, so no mark comes before the slot is
+        // the pod's.
+        let ifindex = (*pod).host_ifindex;
+        if let Some(slot) = maps::HOST_VETHS.get_ptr_mut(host_veth_slot(ifindex))
+            && (*slot).ifindex == ifindex
+            && (*slot).owner == (*pod).owner
+            && (*slot).stack_epoch < epoch
+        {
+            (*slot).stack_epoch = epoch;
         }
     }
 }

@@ -87,6 +87,9 @@ impl Datapath {
             Err(e) => drop(first_err.get_or_insert(e)),
         };
         note(self.remove_endpoints_where(|o| !valid_owners.contains(&o)), &mut done.endpoints);
+        // Slots whose endpoints are gone without them (an ADD that failed between the two).
+        let mut slots = 0;
+        note(self.clear_host_veths_where(|o| !valid_owners.contains(&o)), &mut slots);
         // Programs that check owners ignore the flows of gone owners: GC sweeps those after it
         // lets the lock go (`nat::sweep_flows`), not while every ADD of the node waits.
         if self.checks_owners() {

@@ -3,6 +3,7 @@
 //! runs under a node-wide lock (flock on the bpffs root) so concurrent ADDs load only once and a
 //! DEL never removes the pins an ADD is about to use.
 use std::{
+    collections::BTreeSet,
     fs::{self, DirBuilder, File},
     io::ErrorKind,
     net::{IpAddr, Ipv6Addr},
@@ -142,20 +143,13 @@ impl Datapath {
                 Err(e) => return Err(e).cni(ErrorCode::DATAPATH, format!("cannot look up endpoint {ip}")),
             }
         }
-        for (ip, endpoint) in entries {
-            match map.insert(ip_key(ip), endpoint, 0) {
-                Ok(()) => {}
-                Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {
-                    return Err(CniError::new(
-                        ErrorCode::DATAPATH_FULL,
-                        format!("ENDPOINTS is full ({} entries): no room for {ip}", ebpf_common::ENDPOINTS_MAX_ENTRIES),
-                    )
-                    .with_details("every address of every pod on this node has an entry; delete pods first"));
-                }
-                Err(e) => return Err(e).cni(ErrorCode::DATAPATH, format!("cannot add endpoint {ip}")),
-            }
+        self.claim_host_veth(&endpoint, ips)?;
+        let inserted = insert_endpoints(&mut map, entries);
+        if inserted.is_err() {
+            // The rollback's DEL finds the slot by the endpoints, of which none may be there.
+            let _ = self.release_host_veths(&BTreeSet::from([(endpoint.host_ifindex, endpoint.owner)]));
         }
-        Ok(())
+        inserted
     }
 
     /// Removes every endpoint the attachment owns; returns how many.
@@ -163,15 +157,19 @@ impl Datapath {
         self.remove_endpoints_where(|o| o == owner)
     }
 
-    /// Removes every endpoint whose owner `stale` picks; returns how many.
+    /// Removes every endpoint whose owner `stale` picks, and their host veths' `HOST_VETHS`
+    /// slots; returns how many endpoints.
     pub fn remove_endpoints_where(&self, stale: impl Fn(u64) -> bool) -> CniResult<usize> {
         let Some(mut map) = self.endpoints()? else { return Ok(0) };
-        let keys: Vec<IpKey> =
-            map.iter().filter_map(Result::ok).filter(|(_, ep)| stale(ep.owner)).map(|(key, _)| key).collect();
-        for key in &keys {
+        let removed: Vec<(IpKey, Endpoint)> =
+            map.iter().filter_map(Result::ok).filter(|(_, ep)| stale(ep.owner)).collect();
+        // The slots first: a slot without its endpoints would still vouch for the address.
+        let veths: BTreeSet<(u32, u64)> = removed.iter().map(|(_, ep)| (ep.host_ifindex, ep.owner)).collect();
+        self.release_host_veths(&veths)?;
+        for (key, _) in &removed {
             map.remove(key).cni(ErrorCode::DATAPATH, "cannot remove endpoint")?;
         }
-        Ok(keys.len())
+        Ok(removed.len())
     }
 
     /// Attaches `from_pod` to the host veth's ingress as a direct-action cls_bpf filter under a
@@ -276,6 +274,23 @@ pub(super) fn attach_filter(program: &mut SchedClassifier, ifname: &str, directi
     let link = program.take_link(id).cni(ErrorCode::INTERNAL, "attached filter vanished")?;
     std::mem::forget(link);
     Ok(added)
+}
+
+fn insert_endpoints(map: &mut HashMap<MapData, IpKey, Endpoint>, entries: Vec<(IpAddr, Endpoint)>) -> CniResult<()> {
+    for (ip, endpoint) in entries {
+        match map.insert(ip_key(ip), endpoint, 0) {
+            Ok(()) => {}
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {
+                return Err(CniError::new(
+                    ErrorCode::DATAPATH_FULL,
+                    format!("ENDPOINTS is full ({} entries): no room for {ip}", ebpf_common::ENDPOINTS_MAX_ENTRIES),
+                )
+                .with_details("every address of every pod on this node has an entry; delete pods first"));
+            }
+            Err(e) => return Err(e).cni(ErrorCode::DATAPATH, format!("cannot add endpoint {ip}")),
+        }
+    }
+    Ok(())
 }
 
 /// A pod asked for a MAC that another pod of the network holds. Code 103 (`ADDRESS_TAKEN`), as

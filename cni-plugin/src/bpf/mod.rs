@@ -2,6 +2,7 @@
 mod audit;
 mod bpffs;
 mod datapath;
+mod host_veths;
 mod kernel_btf;
 mod loader;
 mod nat;

@@ -11,7 +11,7 @@ use ebpf_common::{
     Endpoint, FEATURE_STACK_EPOCHS, FLOW_VIA_STACK, FlowEntry, FlowKey, IpKey, STACK_EPOCH_SLOT, flow_timeout, names,
 };
 
-use super::{datapath::Datapath, nat, pins::Pins};
+use super::{datapath::Datapath, host_veths, nat, pins::Pins};
 use crate::cni::{CniResult, Context, ErrorCode};
 
 /// `BPF_EXIST`: an update that never creates an entry (a pod deleted meanwhile stays deleted).
@@ -46,12 +46,12 @@ pub fn renew_stack_epochs(root: &Path, network: &str) -> CniResult<Renewed> {
     let epoch = read_epoch(&slot)?;
     let owners = owners_with_stack_flows(&pins)?;
     let renewed_mark = epoch + 2;
-    let stale: Vec<(IpKey, u64)> = endpoints
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(_, e)| owners.contains(&e.owner) && e.stack_epoch < renewed_mark)
-        .map(|(key, e)| (key, e.owner))
-        .collect();
+    let with_flows: Vec<(IpKey, Endpoint)> =
+        endpoints.iter().filter_map(Result::ok).filter(|(_, e)| owners.contains(&e.owner)).collect();
+    let stale: Vec<(IpKey, u64)> =
+        with_flows.iter().filter(|(_, e)| e.stack_epoch < renewed_mark).map(|(key, e)| (*key, e.owner)).collect();
+    // Their host veths' `HOST_VETHS` slots, where `from_pod` reads the sender's mark.
+    let veths: BTreeSet<(u32, u64)> = with_flows.iter().map(|(_, e)| (e.host_ifindex, e.owner)).collect();
 
     // Under the lock no ADD or DEL changes an entry; the programs only move marks up.
     let _locked = Datapath::lock(root, network)?;
@@ -70,6 +70,7 @@ pub fn renew_stack_epochs(root: &Path, network: &str) -> CniResult<Renewed> {
             renewed += 1;
         }
     }
+    host_veths::renew(&pins, &veths, renewed_mark)?;
     slot.set(STACK_EPOCH_SLOT, epoch + 1, 0).cni(ErrorCode::DATAPATH, "cannot advance STACK_EPOCH")?;
     Ok(Renewed { endpoints: renewed, epoch: Some(epoch + 1) })
 }
