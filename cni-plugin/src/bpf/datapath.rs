@@ -158,9 +158,32 @@ impl Datapath {
         Ok(())
     }
 
-    /// Removes every endpoint the attachment owns; returns how many.
-    pub fn remove_endpoints(&self, owner: u64) -> CniResult<usize> {
-        self.remove_endpoints_where(|o| o == owner)
+    /// Removes every endpoint the attachment owns; returns how many. With `ips`, the
+    /// attachment's addresses as IPAM recorded them, by key: each entry, and the IPv6
+    /// link-local one made from its pod's MAC, removed only if `owner`'s. Without, by a walk of
+    /// the whole map (one entry per address of every pod of the node).
+    pub fn remove_endpoints(&self, owner: u64, ips: Option<&[IpAddr]>) -> CniResult<usize> {
+        let Some(ips) = ips else { return self.remove_endpoints_where(|o| o == owner) };
+        let Some(mut map) = self.endpoints()? else { return Ok(0) };
+        let mut keys = Vec::new();
+        let owned = |key: IpKey, keys: &mut Vec<IpKey>| match map.get(&key, 0) {
+            Ok(entry) if entry.owner == owner && !keys.contains(&key) => {
+                keys.push(key);
+                Some(entry)
+            }
+            _ => None,
+        };
+        for ip in ips {
+            let Some(entry) = owned(ip_key(*ip), &mut keys) else { continue };
+            if ip.is_ipv6() {
+                let link_local = crate::net::sysctl::eui64_link_local(entry.pod_mac);
+                owned(ip_key(IpAddr::V6(link_local)), &mut keys);
+            }
+        }
+        for key in &keys {
+            map.remove(key).cni(ErrorCode::DATAPATH, "cannot remove endpoint")?;
+        }
+        Ok(keys.len())
     }
 
     /// Removes every endpoint whose owner `stale` picks; returns how many.
