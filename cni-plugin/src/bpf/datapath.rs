@@ -288,17 +288,28 @@ impl Datapath {
 /// added the qdisc. The filter stays when the handle is dropped, for as long as the device or
 /// until it is removed.
 pub(super) fn attach_filter(program: &mut SchedClassifier, ifname: &str, direction: TcAttachType) -> CniResult<bool> {
-    let added = match tc::qdisc_add_clsact(ifname) {
-        Ok(()) => true,
-        Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => false,
-        Err(e) => return Err(e).cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {ifname}")),
-    };
+    let added = add_clsact(ifname)?;
     let id = program
         .attach_with_options(ifname, direction, TcAttachOptions::Netlink(NlOptions::default()))
         .cni(ErrorCode::DATAPATH, format!("cannot attach a filter to {ifname} ({direction:?})"))?;
     let link = program.take_link(id).cni(ErrorCode::INTERNAL, "attached filter vanished")?;
     std::mem::forget(link);
     Ok(added)
+}
+
+/// Adds a clsact qdisc to the interface unless it has one; returns whether it added it.
+///
+/// The first filter under a new clsact waits for an RCU grace period unless one has passed
+/// since the qdisc was made (`mini_qdisc_pair_swap` then runs `synchronize_rcu_expedited`: up
+/// to 20 ms on a busy VM). So the qdisc is added as early as the interface exists, and the
+/// filters come after other work (the verifier's, for the uplink; the pod's addresses, routes
+/// and endpoint, for a host veth) during which a grace period usually passes.
+pub fn add_clsact(ifname: &str) -> CniResult<bool> {
+    match tc::qdisc_add_clsact(ifname) {
+        Ok(()) => Ok(true),
+        Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
+        Err(e) => Err(e).cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {ifname}")),
+    }
 }
 
 /// A pod asked for a MAC that another pod of the network holds. Code 103 (`ADDRESS_TAKEN`), as

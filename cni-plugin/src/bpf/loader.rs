@@ -147,6 +147,13 @@ impl Datapath {
                 0,
             )
             .cni(ErrorCode::DATAPATH, "cannot record the features")?;
+        // The uplink's clsact before the verifier runs, its filters after (`add_clsact`). Once
+        // SETTINGS is recorded: a load that fails from here on finds it again to remove it.
+        if let Some(uplink) = &settings.uplink
+            && super::datapath::add_clsact(uplink)?
+        {
+            self.mark_clsact_ours()?;
+        }
         // Only the programs the network attaches: the verifier's time is most of a first ADD,
         // and a network without masquerade, or without IPv6, never runs the uplink's (IPv6) ones.
         let uplink_programs = if settings.uplink.is_some() { uplink::programs_for(&settings.config) } else { &[] };

@@ -131,6 +131,8 @@ impl Setup<'_> {
             .await
             .cni(ErrorCode::IO, "cannot create veth pair")?;
         fault::point("add:after-veth");
+        // Its filters come last (`bpf::add_clsact` says why it goes first); it goes with the veth.
+        crate::bpf::add_clsact(&host_ifname)?;
         let host =
             self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
         let alias =
