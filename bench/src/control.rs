@@ -167,13 +167,11 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
             }
         }
         let bridge = Some(Path::Bridge);
-        let mut add =
-            Figure::new(SECTION, format!("ADD p50, {} pods", thousands(level)), "ms", Lower).target(bridge, 0.4);
-        let mut add99 = Figure::new(SECTION, format!("ADD p99, {} pods", thousands(level)), "ms", Lower).pooled_p99();
-        let mut del =
-            Figure::new(SECTION, format!("DEL p50, {} pods", thousands(level)), "ms", Lower).target(bridge, 0.2);
-        let mut del99 = Figure::new(SECTION, format!("DEL p99, {} pods", thousands(level)), "ms", Lower).pooled_p99();
-        let mut rules = Figure::new(SECTION, format!("iptables-save lines, {} pods", thousands(level)), "lines", Lower);
+        let mut add = Figure::new(SECTION, format!("ADD p50, {}", pods(level)), "ms", Lower).target(bridge, 0.4);
+        let mut add99 = Figure::new(SECTION, format!("ADD p99, {}", pods(level)), "ms", Lower).pooled_p99();
+        let mut del = Figure::new(SECTION, format!("DEL p50, {}", pods(level)), "ms", Lower).target(bridge, 0.2);
+        let mut del99 = Figure::new(SECTION, format!("DEL p99, {}", pods(level)), "ms", Lower).pooled_p99();
+        let mut rules = Figure::new(SECTION, format!("iptables-save lines, {}", pods(level)), "lines", Lower);
         for round in 0..s.rounds {
             for path in topology::rotated(Path::PLUGINS, round) {
                 let node = nodes.iter_mut().find(|n| n.path == path).expect("a node per plugin");
@@ -224,7 +222,7 @@ fn medians(figure: &Figure) -> Vec<(Path, f64)> {
 
 /// `verb`'s p50 at the highest pod level over its p50 at the lowest, per path.
 fn flatness(verb: &str, by_level: &[Vec<(Path, f64)>], first: usize, top: usize) -> Figure {
-    let name = format!("{verb} p50 at {} pods ÷ at {} pods", thousands(top), thousands(first));
+    let name = format!("{verb} p50 at {} ÷ at {}", pods(top), pods(first));
     let mut flat = Figure::new(SECTION, name, "×", Lower).target(None, 1.1);
     if let (Some(at_first), Some(at_top)) = (by_level.first(), by_level.last()) {
         for (path, low) in at_first {
@@ -236,7 +234,12 @@ fn flatness(verb: &str, by_level: &[Vec<(Path, f64)>], first: usize, top: usize)
     flat
 }
 
-/// `1,000` for 1000, as the tables name pod levels.
+/// `1 pod`, `1,000 pods`: a pod level as the tables name it.
+fn pods(n: usize) -> String {
+    if n == 1 { "1 pod".into() } else { format!("{} pods", thousands(n)) }
+}
+
+/// `1,000` for 1000.
 fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
