@@ -1,13 +1,16 @@
 //! host-local's on-disk layout, so an existing host-local data dir keeps working:
 //! `<dataDir>/<network>/<ip>` (the address's canonical text, `10.244.1.2` or `fd00::2`) holds `<containerID>\r\n<ifname>`, `last_reserved_ip.<set>` the
 //! last address handed out from range set `<set>`, and `lock` is flocked around every change.
-//! Our writes are whole or absent (written aside in `.aside/`, then linked or renamed into
-//! place); torn files left by anyone else are detected and repaired under the lock. Beside
-//! them, `attachments/` records which addresses each attachment holds (`record.rs`).
+//! Our reservations and records are whole or absent (written aside in `.aside/`, then linked
+//! or renamed into place); `last_reserved_ip.<set>` is overwritten in place (a torn one only
+//! restarts round-robin). Torn files left by anyone else are detected and repaired under the
+//! lock. Beside them, `attachments/` records which addresses each attachment holds
+//! (`record.rs`).
 use std::{
     fs::{self, File, OpenOptions},
     io::{ErrorKind, Write},
     net::IpAddr,
+    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
 };
 
@@ -65,10 +68,26 @@ impl Store {
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
             Err(e) => return Err(e).cni(ErrorCode::IO, format!("cannot reserve {ip}")),
         }
-        let last = self.write_aside(&format!("last_reserved_ip.{set}"), &ip.to_string())?;
-        fs::rename(&last, self.dir.join(format!("last_reserved_ip.{set}")))
-            .cni(ErrorCode::IO, "cannot record last reserved IP")?;
+        self.record_last_reserved(set, ip)?;
         Ok(true)
+    }
+
+    /// Overwrites `last_reserved_ip.<set>` in place. Not written aside and renamed over: that
+    /// frees an inode per ADD, and ext4 makes every later file creation step over the inodes
+    /// freed in the last minutes (`recently_deleted`), so that ADD grew with the pods a node
+    /// had just started. A crash between the write and the truncation leaves a torn record,
+    /// which [`Self::last_reserved`] reports and ignores.
+    fn record_last_reserved(&self, set: usize, ip: IpAddr) -> CniResult<()> {
+        let text = ip.to_string();
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(format!("last_reserved_ip.{set}")))
+            .cni(ErrorCode::IO, "cannot record last reserved IP")?;
+        file.write_all_at(text.as_bytes(), 0)
+            .and_then(|()| file.set_len(text.len() as u64))
+            .cni(ErrorCode::IO, "cannot record last reserved IP")
     }
 
     /// Writes `content` to a temporary name in `.aside/`. Leftovers of a crash are ignored by
