@@ -1,6 +1,7 @@
 //! Control plane: wall time of ADD and DEL as a runtime sees it (exec to exit): the first ADD
-//! on a fresh node (`cold.rs`), then ADD and DEL with 0, 100 and 500 pods already on the
-//! node, and the node's iptables ruleset at each level. Each plugin has its own node; at every
+//! on a fresh node (`cold.rs`), then ADD and DEL with 1, 100 and 1,000 pods already on the
+//! node, the node's iptables ruleset at each level, and how flat ADD and DEL stay (p50 at the
+//! highest level over p50 at the lowest: nothing a verb does may grow with the pods). Each plugin has its own node; at every
 //! level the plugins take turns, round by round, adding a batch of pods and deleting it again,
 //! so the level holds while it is measured. Both masquerade (bridge's `ipMasq` with iptables,
 //! ours in BPF on the node's uplink), as a node that sends pods outside does.
@@ -158,7 +159,7 @@ pub struct Contended {
 pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
     let mut figures = crate::cold::run(s, ours)?;
     let mut nodes = [Node::new(Path::EbpfCni, ours)?, Node::new(Path::Bridge, ours)?];
-    let mut add_p50_by_level = Vec::new();
+    let (mut add_p50_by_level, mut del_p50_by_level) = (Vec::new(), Vec::new());
     for &level in &s.pod_levels {
         for node in &mut nodes {
             while node.attached < level {
@@ -166,11 +167,11 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
             }
         }
         let bridge = Some(Path::Bridge);
-        let mut add = Figure::new(SECTION, format!("ADD p50, {level} pods"), "ms", Lower).target(bridge, 0.4);
-        let mut add99 = Figure::new(SECTION, format!("ADD p99, {level} pods"), "ms", Lower).pooled_p99();
-        let mut del = Figure::new(SECTION, format!("DEL p50, {level} pods"), "ms", Lower).target(bridge, 0.2);
-        let mut del99 = Figure::new(SECTION, format!("DEL p99, {level} pods"), "ms", Lower).pooled_p99();
-        let mut rules = Figure::new(SECTION, format!("iptables-save lines, {level} pods"), "lines", Lower);
+        let mut add = Figure::new(SECTION, format!("ADD p50, {}", pods(level)), "ms", Lower).target(bridge, 0.4);
+        let mut add99 = Figure::new(SECTION, format!("ADD p99, {}", pods(level)), "ms", Lower).pooled_p99();
+        let mut del = Figure::new(SECTION, format!("DEL p50, {}", pods(level)), "ms", Lower).target(bridge, 0.2);
+        let mut del99 = Figure::new(SECTION, format!("DEL p99, {}", pods(level)), "ms", Lower).pooled_p99();
+        let mut rules = Figure::new(SECTION, format!("iptables-save lines, {}", pods(level)), "lines", Lower);
         for round in 0..s.rounds {
             for path in topology::rotated(Path::PLUGINS, round) {
                 let node = nodes.iter_mut().find(|n| n.path == path).expect("a node per plugin");
@@ -201,21 +202,52 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                 del99.record_round(path, &dels);
             }
         }
-        add_p50_by_level.push(add.values.iter().map(|(p, s)| (*p, s.median())).collect::<Vec<_>>());
+        add_p50_by_level.push(medians(&add));
+        del_p50_by_level.push(medians(&del));
         figures.extend([add, add99, del, del99, rules]);
     }
-    // Flat: ADD p50 at the highest level over ADD p50 with no pod.
-    if let (Some(first), Some(last), Some(top)) =
-        (add_p50_by_level.first(), add_p50_by_level.last(), s.pod_levels.last())
-    {
-        let mut flat = Figure::new(SECTION, format!("ADD p50 at {top} pods ÷ at {} pods", s.pod_levels[0]), "×", Lower)
-            .target(None, 1.1);
-        for (path, at_first) in first {
-            if let Some((_, at_last)) = last.iter().find(|(p, _)| p == path) {
-                flat.record(*path, at_last / at_first);
-            }
+    // Flat: p50 at the highest level over p50 at the lowest.
+    if let (Some(first), Some(top)) = (s.pod_levels.first(), s.pod_levels.last()) {
+        for (verb, by_level) in [("ADD", &add_p50_by_level), ("DEL", &del_p50_by_level)] {
+            figures.push(flatness(verb, by_level, *first, *top));
         }
-        figures.push(flat);
     }
     Ok(figures)
+}
+
+/// Each path's median of a figure.
+fn medians(figure: &Figure) -> Vec<(Path, f64)> {
+    figure.values.iter().map(|(p, s)| (*p, s.median())).collect()
+}
+
+/// `verb`'s p50 at the highest pod level over its p50 at the lowest, per path.
+fn flatness(verb: &str, by_level: &[Vec<(Path, f64)>], first: usize, top: usize) -> Figure {
+    let name = format!("{verb} p50 at {} ÷ at {}", pods(top), pods(first));
+    let mut flat = Figure::new(SECTION, name, "×", Lower).target(None, 1.1);
+    if let (Some(at_first), Some(at_top)) = (by_level.first(), by_level.last()) {
+        for (path, low) in at_first {
+            if let Some((_, high)) = at_top.iter().find(|(p, _)| p == path) {
+                flat.record(*path, high / low);
+            }
+        }
+    }
+    flat
+}
+
+/// `1 pod`, `1,000 pods`: a pod level as the tables name it.
+fn pods(n: usize) -> String {
+    if n == 1 { "1 pod".into() } else { format!("{} pods", thousands(n)) }
+}
+
+/// `1,000` for 1000.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

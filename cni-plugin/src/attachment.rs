@@ -84,8 +84,12 @@ impl Attachment {
 
     /// `ecni` + 11 hex digits: 15 bytes, the kernel's limit, stable for the same pair.
     pub fn host_ifname(&self) -> String {
-        let hex: String = self.digest.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{HOST_PREFIX}{}", &hex[..15 - HOST_PREFIX.len()])
+        format!("{HOST_PREFIX}{}", &self.hex()[..15 - HOST_PREFIX.len()])
+    }
+
+    /// The whole digest in hex: a file name that stands for the pair.
+    pub fn hex(&self) -> String {
+        self.digest.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// `ecnb` + the host veth's 11 hex digits: the IFB holding the pod's egress limit.

@@ -401,14 +401,19 @@ impl Testbed {
         left.extend(self.pod_routes()?.into_iter().map(|r| format!("route {r}")));
         left.extend(self.ip_files().into_iter().map(|ip| format!("IP file {ip}")));
         // Anything else in the IPAM dir but its lock and round-robin records (a temporary
-        // reservation a crashed writer left, say).
-        let ipam_dir = std::fs::read_dir(self.data_dir().join(&self.network)).into_iter().flatten().flatten();
+        // reservation a crashed writer left, say), and anything in its directories of files
+        // written aside and of the attachments' records.
+        let dir = self.data_dir().join(&self.network);
+        let names = |dir: &std::path::Path| -> Vec<String> {
+            let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+            entries.filter_map(|e| e.file_name().into_string().ok()).collect()
+        };
         left.extend(
-            ipam_dir
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.starts_with('.'))
-                .map(|n| format!("IPAM file {n}")),
+            names(&dir).into_iter().filter(|n| n.starts_with('.') && n != ".aside").map(|n| format!("IPAM file {n}")),
         );
+        for sub in [".aside", "attachments"] {
+            left.extend(names(&dir.join(sub)).into_iter().map(|n| format!("IPAM file {sub}/{n}")));
+        }
         if self.pin_dir().exists() {
             left.push(format!("pins {}", self.pin_dir().display()));
         }

@@ -152,9 +152,36 @@ impl Datapath {
         inserted
     }
 
-    /// Removes every endpoint the attachment owns; returns how many.
-    pub fn remove_endpoints(&self, owner: u64) -> CniResult<usize> {
-        self.remove_endpoints_where(|o| o == owner)
+    /// Removes every endpoint the attachment owns; returns how many. With `ips`, the
+    /// attachment's addresses as IPAM recorded them, by key: each entry, and the IPv6
+    /// link-local one made from its pod's MAC, removed only if `owner`'s. Without, by a walk of
+    /// the whole map (one entry per address of every pod of the node).
+    pub fn remove_endpoints(&self, owner: u64, ips: Option<&[IpAddr]>) -> CniResult<usize> {
+        let Some(ips) = ips else { return self.remove_endpoints_where(|o| o == owner) };
+        let Some(mut map) = self.endpoints()? else { return Ok(0) };
+        let mut keys = Vec::new();
+        let mut veths = BTreeSet::new();
+        let mut owned = |key: IpKey, keys: &mut Vec<IpKey>| match map.get(&key, 0) {
+            Ok(entry) if entry.owner == owner && !keys.contains(&key) => {
+                keys.push(key);
+                veths.insert((entry.host_ifindex, entry.owner));
+                Some(entry)
+            }
+            _ => None,
+        };
+        for ip in ips {
+            let Some(entry) = owned(ip_key(*ip), &mut keys) else { continue };
+            if ip.is_ipv6() {
+                let link_local = crate::net::sysctl::eui64_link_local(entry.pod_mac);
+                owned(ip_key(IpAddr::V6(link_local)), &mut keys);
+            }
+        }
+        // The slots first: a slot without its endpoints would still vouch for the address.
+        self.release_host_veths(&veths)?;
+        for key in &keys {
+            map.remove(key).cni(ErrorCode::DATAPATH, "cannot remove endpoint")?;
+        }
+        Ok(keys.len())
     }
 
     /// Removes every endpoint whose owner `stale` picks, and their host veths' `HOST_VETHS`
@@ -263,11 +290,7 @@ impl Datapath {
 /// added the qdisc. The filter stays when the handle is dropped, for as long as the device or
 /// until it is removed.
 pub(super) fn attach_filter(program: &mut SchedClassifier, ifname: &str, direction: TcAttachType) -> CniResult<bool> {
-    let added = match tc::qdisc_add_clsact(ifname) {
-        Ok(()) => true,
-        Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => false,
-        Err(e) => return Err(e).cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {ifname}")),
-    };
+    let added = add_clsact(ifname)?;
     let id = program
         .attach_with_options(ifname, direction, TcAttachOptions::Netlink(NlOptions::default()))
         .cni(ErrorCode::DATAPATH, format!("cannot attach a filter to {ifname} ({direction:?})"))?;
@@ -291,6 +314,21 @@ fn insert_endpoints(map: &mut HashMap<MapData, IpKey, Endpoint>, entries: Vec<(I
         }
     }
     Ok(())
+}
+
+/// Adds a clsact qdisc to the interface unless it has one; returns whether it added it.
+///
+/// The first filter under a new clsact waits for an RCU grace period unless one has passed
+/// since the qdisc was made (`mini_qdisc_pair_swap` then runs `synchronize_rcu_expedited`: up
+/// to 20 ms on a busy VM). So the qdisc is added as early as the interface exists, and the
+/// filters come after other work (the verifier's, for the uplink; the pod's addresses, routes
+/// and endpoint, for a host veth) during which a grace period usually passes.
+pub fn add_clsact(ifname: &str) -> CniResult<bool> {
+    match tc::qdisc_add_clsact(ifname) {
+        Ok(()) => Ok(true),
+        Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
+        Err(e) => Err(e).cni(ErrorCode::DATAPATH, format!("cannot add a clsact qdisc to {ifname}")),
+    }
 }
 
 /// A pod asked for a MAC that another pod of the network holds. Code 103 (`ADDRESS_TAKEN`), as

@@ -2,64 +2,60 @@
 //!
 //! aya 0.14's `EbpfLoader::new()` always reads and parses `/sys/kernel/btf/vmlinux` (about
 //! 6 MB in some 1,400 reads, 30–50 ms here: most of a first ADD) so that it can apply CO-RE
-//! relocations. Our object has none, so the loader is created with that file out of sight: in
-//! a private copy of the mount namespace with an empty tmpfs over `/sys/kernel/btf`, left again
-//! as soon as the loader exists. Mounts made in the copy are private and never reach the node.
+//! relocations. Our object has none, so the loader is created with that file out of sight: the
+//! creating thread is given a filesystem context of its own (root and working directory) and
+//! its root is moved to `/sys/kernel/btf` itself, where no `sys/kernel/btf/vmlinux` is found,
+//! then put back as soon as the loader exists. Not a private mount namespace with a tmpfs over
+//! the directory: leaving it tears the namespace down, and unmounting waits for an RCU grace
+//! period (8–25 ms here).
 use std::{fs::File, path::Path};
 
 use nix::{
-    mount::{MsFlags, mount},
-    sched::{CloneFlags, setns, unshare},
+    sched::{CloneFlags, unshare},
+    unistd::{chroot, fchdir},
 };
 
 const KERNEL_BTF_DIR: &str = "/sys/kernel/btf";
 
-/// While alive, this process sees no kernel BTF; dropping it returns to the node's mount
-/// namespace.
+/// While alive, this thread sees no kernel BTF; dropping it gives the thread back its root and
+/// working directory.
 pub struct Hidden {
-    original: File,
-    /// The working directory, which entering a mount namespace resets to its root.
-    cwd: Option<File>,
+    root: File,
+    cwd: File,
 }
 
 impl Hidden {
     /// Hides the kernel's BTF from this thread unless the object `needs` it for CO-RE
-    /// relocations, or returns `None` (and the loader parses the BTF, slower but correct). The namespace
-    /// belongs to the calling thread: the guard must be dropped on the thread that made it
-    /// and never held across an `.await` (the plugin's runtime has one thread anyway).
+    /// relocations, or returns `None` (and the loader parses the BTF, slower but correct). The
+    /// guard must be dropped on the thread that made it and never held across an `.await`
+    /// (the plugin's runtime has one thread anyway); other threads keep their root throughout.
     pub fn unless_needed(needed: bool) -> Option<Self> {
         if needed || !Path::new(KERNEL_BTF_DIR).exists() {
             return None;
         }
-        let original = File::open("/proc/thread-self/ns/mnt").ok()?;
-        let cwd = File::open(".").ok();
-        if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
-            log::debug!("parsing kernel BTF after all: cannot unshare the mount namespace: {e}");
+        let (root, cwd) = (File::open("/").ok()?, File::open(".").ok()?);
+        // Threads share root and working directory unless one unshares them (cheap, nothing
+        // for the kernel to wait for); a single-threaded plugin has them to itself already.
+        if let Err(e) = unshare(CloneFlags::CLONE_FS) {
+            log::debug!("parsing kernel BTF after all: cannot unshare the filesystem context: {e}");
             return None;
         }
-        // From here on, dropping `hidden` goes back to the node's namespace.
-        let hidden = Self { original, cwd };
-        let private = mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>);
-        let covered = private
-            .and_then(|()| mount(Some("none"), KERNEL_BTF_DIR, Some("tmpfs"), MsFlags::MS_RDONLY, Some("size=4k")));
-        if let Err(e) = covered {
-            log::debug!("parsing kernel BTF after all: cannot cover {KERNEL_BTF_DIR}: {e}");
+        if let Err(e) = chroot(KERNEL_BTF_DIR) {
+            log::debug!("parsing kernel BTF after all: cannot change root to {KERNEL_BTF_DIR}: {e}");
             return None;
         }
-        Some(hidden)
+        Some(Self { root, cwd })
     }
 }
 
 impl Drop for Hidden {
     fn drop(&mut self) {
-        // Failing here leaves this thread in its private copy, which holds the same bpffs and
-        // files as the node's but not mounts made later: harmless for the plugin, which exits
-        // soon; the agent's thread stays there, so it is an error.
-        if let Err(e) = setns(&self.original, CloneFlags::CLONE_NEWNS) {
-            log::error!("cannot return to the node's mount namespace: {e}");
-        }
-        if let Some(cwd) = &self.cwd {
-            let _ = nix::unistd::fchdir(cwd);
+        // Back to the saved root (a directory outside the current root stays reachable through
+        // its descriptor), then to the saved working directory. Failing leaves this thread's
+        // root at the BTF directory: for the agent's thread that is an error.
+        let restored = fchdir(&self.root).and_then(|()| chroot(".")).and_then(|()| fchdir(&self.cwd));
+        if let Err(e) = restored {
+            log::error!("cannot give the thread its root directory back: {e}");
         }
     }
 }

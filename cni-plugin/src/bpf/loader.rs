@@ -110,6 +110,7 @@ impl Datapath {
                 .create(self.pins.version_dir().join(dir))
                 .cni(ErrorCode::DATAPATH, "cannot create pin directories")?;
         }
+        let started = std::time::Instant::now();
         let mut loader = {
             let _hidden = kernel_btf::Hidden::unless_needed(OBJECT_NEEDS_KERNEL_BTF);
             EbpfLoader::new()
@@ -129,6 +130,7 @@ impl Datapath {
             .override_global(aya_log::LEVEL, &settings.log_level, true)
             .load(OBJECT)
             .cni(ErrorCode::DATAPATH, "kernel refused the eBPF object")?;
+        let maps_made = started.elapsed();
         for name in MAPS {
             let map = ebpf.map(name).ok_or_else(|| internal(format!("object has no map {name}")))?;
             map.pin(self.pins.map(name)).cni(ErrorCode::DATAPATH, format!("cannot pin map {name}"))?;
@@ -149,6 +151,13 @@ impl Datapath {
                 0,
             )
             .cni(ErrorCode::DATAPATH, "cannot record the features")?;
+        // The uplink's clsact before the verifier runs, its filters after (`add_clsact`). Once
+        // SETTINGS is recorded: a load that fails from here on finds it again to remove it.
+        if let Some(uplink) = &settings.uplink
+            && super::datapath::add_clsact(uplink)?
+        {
+            self.mark_clsact_ours()?;
+        }
         // Only the programs the network attaches: the verifier's time is most of a first ADD,
         // and a network without masquerade, or without IPv6, never runs the uplink's (IPv6) ones.
         let uplink_programs = if settings.uplink.is_some() { uplink::programs_for(&settings.config) } else { &[] };
@@ -167,7 +176,9 @@ impl Datapath {
             .map(|&(name, _)| name)
             .chain([names::TO_POD, names::FROM_POD])
             .collect();
+        let before_verifier = started.elapsed();
         verify_concurrently(&mut ebpf, &[&wanted[..], rejects].concat())?;
+        let verified = started.elapsed();
         if !rejects.is_empty() {
             fill_reject_slots(&mut ebpf, rejects)?;
         }
@@ -193,7 +204,19 @@ impl Datapath {
         // The program that pods attach to is pinned last: its pin means everything is there.
         classifier(&mut ebpf, names::FROM_POD)?
             .pin(self.pins.program(names::FROM_POD))
-            .cni(ErrorCode::DATAPATH, format!("cannot pin {}", names::FROM_POD))
+            .cni(ErrorCode::DATAPATH, format!("cannot pin {}", names::FROM_POD))?;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        log::debug!(
+            "loaded in {:.1} ms: object and maps {:.1}, pins and settings {:.1}, verifier {:.1} ({} programs), \
+             pins and attachments {:.1}",
+            ms(started.elapsed()),
+            ms(maps_made),
+            ms(before_verifier - maps_made),
+            ms(verified - before_verifier),
+            wanted.len() + rejects.len(),
+            ms(started.elapsed() - verified),
+        );
+        Ok(())
     }
 
     /// Pins of another layout version belong to pods of another ebpf-cni build: their programs
@@ -262,7 +285,9 @@ fn verify_concurrently(ebpf: &mut Ebpf, names: &[&str]) -> CniResult<()> {
             .map(|_| {
                 scope.spawn(|| {
                     while let Some((name, program)) = next() {
+                        let started = std::time::Instant::now();
                         program.load().cni(ErrorCode::DATAPATH, format!("verifier rejected {name}"))?;
+                        log::debug!("{name} verified in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
                     }
                     Ok(())
                 })

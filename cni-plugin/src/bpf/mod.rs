@@ -16,7 +16,7 @@ mod uplink;
 
 pub use audit::Expected;
 pub use bpffs::ensure_mounted as mount_bpffs_if_missing;
-pub use datapath::Datapath;
+pub use datapath::{Datapath, add_clsact};
 pub use nat::{recount_shares, sweep_flows};
 pub use pins::Pins;
 pub use settings::Settings;

@@ -131,6 +131,10 @@ impl Setup<'_> {
             .await
             .cni(ErrorCode::IO, "cannot create veth pair")?;
         fault::point("add:after-veth");
+        // Its filters come last (`bpf::add_clsact` says why it goes first), and a qdisc added
+        // while the veth is down costs no deactivation (`limit_bandwidth` below). It goes with
+        // the veth.
+        crate::bpf::add_clsact(&host_ifname)?;
         let host =
             self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
         let alias =
@@ -145,6 +149,9 @@ impl Setup<'_> {
         if has_ipv6 {
             self.ipv6_settings(&host_ifname)?;
         }
+        // Root qdisc while the veth is down: grafting one onto a running device deactivates it
+        // first, which waits for an RCU grace period and for its queues to drain.
+        self.limit_bandwidth(host.index).await?;
         self.node.set_up(host.index).await.cni(ErrorCode::IO, "cannot set host veth up")?;
         self.pod.set_up(pod.index).await.cni(ErrorCode::IO, "cannot set pod interface up")?;
         for ip in &allocation.ips {
@@ -173,7 +180,6 @@ impl Setup<'_> {
                 .cni(ErrorCode::IO, "cannot add the gateway's neighbour entry")?;
         }
         fault::point("add:after-routes");
-        self.limit_bandwidth(host.index).await?;
         // The node's primary network: its node-level settings come from the node file alone
         // (as the agent's preload has them), never from what this configuration's IPAM says.
         let (v4, v6) = match &self.conf.node_subnets {

@@ -36,8 +36,13 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
         match Datapath::lock(&root, &conf.name) {
             Ok(dp) => {
                 // Each step whatever the one before did: a failed one must not leave the rest.
-                // No scan of the flow maps when the programs check owners (`bpf/nat.rs`).
-                let removed = [dp.remove_endpoints(owner), dp.forget_flows(owner)];
+                // No scan of the flow maps when the programs check owners (`bpf/nat.rs`), nor
+                // of the endpoints when IPAM recorded the attachment's addresses.
+                let recorded = ipam.recorded(env).unwrap_or_else(|e| {
+                    log::warn!("cannot read the attachment's recorded addresses ({e}): looking through every endpoint");
+                    None
+                });
+                let removed = [dp.remove_endpoints(owner, recorded.as_deref()), dp.forget_flows(owner)];
                 for result in removed {
                     if let Err(e) = result {
                         first_err.get_or_insert(e);

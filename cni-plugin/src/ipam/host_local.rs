@@ -89,6 +89,8 @@ impl HostLocal {
                 interface: None,
             });
         }
+        let addresses: Vec<IpAddr> = ips.iter().map(|c| c.address.ip()).collect();
+        store.record(id, ifname, &addresses)?;
         Ok(Allocation { ips, routes: self.routes.clone(), dns: Value::Null })
     }
 
@@ -113,7 +115,12 @@ impl HostLocal {
     pub fn release(&self, id: &str, ifname: &str) -> CniResult<()> {
         let store = Store::lock(&self.data_dir, &self.network)?;
         store.release(id, ifname)?;
-        store.remove_leftovers().map(drop)
+        store.remove_leftovers(false).map(drop)
+    }
+
+    /// The addresses the attachment's record names (`record.rs`); None without one.
+    pub fn recorded(&self, id: &str, ifname: &str) -> CniResult<Option<Vec<IpAddr>>> {
+        Ok(Store::lock(&self.data_dir, &self.network)?.recorded(id, ifname))
     }
 
     /// CHECK: each address is reserved, and for this attachment.
@@ -153,7 +160,10 @@ impl HostLocal {
     pub fn collect_garbage(&self, keep: impl Fn(&Holder) -> bool) -> CniResult<Vec<Holder>> {
         let store = Store::lock(&self.data_dir, &self.network)?;
         let mut stale = Vec::new();
-        let mut first_err = store.remove_leftovers().err();
+        let mut first_err = store.remove_leftovers(true).err();
+        if let Err(e) = store.remove_records_where(|holder| !keep(holder)) {
+            first_err.get_or_insert(e);
+        }
         for (ip, holder) in store.reservations()? {
             if keep(&holder) {
                 continue;
@@ -220,9 +230,10 @@ fn reserve_requested<'a>(
 
 /// Round-robin, as host-local: the first free address after the last one handed out, wrapping
 /// once. With n reservation files, one of any n + 1 allocatable addresses is free, so the walk
-/// gives up after that many: a /64 is never walked through, only its first few addresses.
+/// gives up after that many: a /64 is never walked through, only its first few addresses. The
+/// files are counted (a listing of the directory) only once the walk has met
+/// `WALK_BEFORE_COUNTING` taken addresses: round-robin usually finds the first one free.
 fn next_free<'a>(store: &Store, set: &'a RangeSet, index: usize) -> CniResult<Option<(IpAddr, &'a Range)>> {
-    let candidates = store.reservation_count()? + 1;
     // Resume after the last address, or at the set's start when the set no longer holds it.
     let (k, from) = store
         .last_reserved(index)
@@ -244,13 +255,26 @@ fn next_free<'a>(store: &Store, set: &'a RangeSet, index: usize) -> CniResult<Op
         (first..=last).map(move |n| (r.address(n), r))
     });
     let head = (first..from).map(move |n| (r.address(n), r));
-    Ok(tail
-        .chain(others)
-        .chain(head)
-        .filter(|(ip, r)| r.is_allocatable(*ip))
-        .take(candidates)
-        .find(|(ip, _)| !store.is_reserved(*ip)))
+    let mut candidates = None;
+    for (walked, (ip, r)) in tail.chain(others).chain(head).filter(|(ip, r)| r.is_allocatable(*ip)).enumerate() {
+        if walked >= WALK_BEFORE_COUNTING {
+            let bound = match candidates {
+                Some(bound) => bound,
+                None => *candidates.insert(store.reservation_count()? + 1),
+            };
+            if walked >= bound {
+                return Ok(None);
+            }
+        }
+        if !store.is_reserved(ip) {
+            return Ok(Some((ip, r)));
+        }
+    }
+    Ok(None)
 }
+
+/// Taken addresses `next_free` steps over before it counts the reservations.
+const WALK_BEFORE_COUNTING: usize = 64;
 
 fn parse_route(r: &RouteConf) -> CniResult<Route> {
     let bad = |what: &str| CniError::new(ErrorCode::INVALID_CONFIG, format!("route {what} is invalid"));
@@ -307,23 +331,28 @@ mod tests {
         let ipam = ipam(&dir, json!({}));
         ipam.allocate("a", "eth0", &[]).unwrap();
         let net = dir.join("net");
-        // .3 created but never written; a record of the last address cut short; a crashed
-        // writer's temporary file.
+        // .3 created but never written; a record of the last address cut short; crashed
+        // writers' temporary files, this build's and an earlier build's (beside the reservations).
         std::fs::write(net.join("10.9.0.3"), b"").unwrap();
         std::fs::write(net.join("last_reserved_ip.0"), b"10.9.").unwrap();
-        std::fs::write(net.join(".10.9.0.4.999.tmp"), b"x\r\neth0").unwrap();
+        std::fs::write(net.join(".aside/.10.9.0.4.999.tmp"), b"x\r\neth0").unwrap();
+        std::fs::write(net.join(".10.9.0.5.998.tmp"), b"x\r\neth0").unwrap();
         // Round-robin restarts at .2 (taken), so .3's torn file is the next and is replaced.
         assert_eq!(ipam.allocate("b", "eth0", &[]).unwrap().ips[0].address.to_string(), "10.9.0.3/29");
         assert_eq!(std::fs::read_to_string(net.join("10.9.0.3")).unwrap(), "b\r\neth0");
         assert_eq!(std::fs::read_to_string(net.join("last_reserved_ip.0")).unwrap(), "10.9.0.3");
         ipam.release("b", "eth0").unwrap();
-        let mut names: Vec<String> =
-            std::fs::read_dir(&net).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-        names.sort();
-        assert_eq!(names, ["10.9.0.2", "last_reserved_ip.0", "lock"]);
+        // DEL removes the leftovers in `.aside/` (without listing the reservations), GC those
+        // beside the reservations too.
+        assert_eq!(
+            names(&net),
+            [".10.9.0.5.998.tmp", ".aside", "10.9.0.2", "attachments", "last_reserved_ip.0", "lock"]
+        );
+        assert!(names(&net.join(".aside")).is_empty());
         // A torn reservation is garbage to GC: nobody can hold it.
         std::fs::write(net.join("10.9.0.6"), b"\n").unwrap();
         assert_eq!(ipam.collect_garbage(|h| h.container_id == "a").unwrap().len(), 1);
+        assert_eq!(names(&net), [".aside", "10.9.0.2", "attachments", "last_reserved_ip.0", "lock"]);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -382,8 +411,10 @@ mod tests {
         assert_eq!(
             names(&net),
             [
+                ".aside",
                 "10.9.1.2",
                 "10.9.1.3",
+                "attachments",
                 "fd00:10:244:1::2",
                 "fd00:10:244:1::3",
                 "last_reserved_ip.0",
@@ -423,6 +454,33 @@ mod tests {
         let stale = ipam.collect_garbage(|h| h.container_id == "b").unwrap();
         assert_eq!(stale.len(), 6);
         assert_eq!(ipam.holders().unwrap().len(), 2);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn release_follows_the_record_and_walks_without_one() {
+        let dir = tempdir().with_extension("record");
+        let ipam =
+            ipam(&dir, json!({ "ranges": [[{ "subnet": "10.9.1.0/24" }], [{ "subnet": "fd00:10:244:1::/64" }]] }));
+        let a = ipam.allocate("a", "eth0", &[]).unwrap();
+        let ips: Vec<IpAddr> = a.ips.iter().map(|c| c.address.ip()).collect();
+        assert_eq!(ipam.recorded("a", "eth0").unwrap(), Some(ips.clone()));
+        // A record is a hint: an address it names that another attachment holds now stays.
+        let net = dir.join("net");
+        std::fs::write(net.join("10.9.1.2"), "other\r\neth0").unwrap();
+        ipam.release("a", "eth0").unwrap();
+        assert!(net.join("10.9.1.2").exists() && !net.join("fd00:10:244:1::2").exists());
+        assert_eq!(ipam.recorded("a", "eth0").unwrap(), None);
+        // An earlier build's reservation has no record: found by reading every reservation.
+        std::fs::write(net.join("10.9.1.9"), "old\r\neth0").unwrap();
+        ipam.release("old", "eth0").unwrap();
+        assert!(!net.join("10.9.1.9").exists());
+        // GC removes the records of the attachments it lets go.
+        ipam.allocate("b", "eth0", &[]).unwrap();
+        ipam.allocate("c", "eth0", &[]).unwrap();
+        ipam.collect_garbage(|h| h.container_id != "b").unwrap();
+        assert_eq!(ipam.recorded("b", "eth0").unwrap(), None);
+        assert!(ipam.recorded("c", "eth0").unwrap().is_some());
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -3,6 +3,7 @@
 mod delegate;
 mod host_local;
 mod range;
+mod record;
 mod store;
 
 use std::net::IpAddr;
@@ -65,6 +66,15 @@ impl Ipam {
         match self {
             Self::HostLocal(h) => h.release(&env.container_id, &env.ifname),
             Self::Delegated(d) => d.del(env),
+        }
+    }
+
+    /// The addresses the attachment was given, as the built-in allocator recorded them; None
+    /// when unknown (a delegate, an earlier build's ADD): then only a walk finds them.
+    pub fn recorded(&self, env: &CniEnv) -> CniResult<Option<Vec<IpAddr>>> {
+        match self {
+            Self::HostLocal(h) => h.recorded(&env.container_id, &env.ifname),
+            Self::Delegated(_) => Ok(None),
         }
     }
 

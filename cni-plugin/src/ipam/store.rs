@@ -1,12 +1,16 @@
 //! host-local's on-disk layout, so an existing host-local data dir keeps working:
 //! `<dataDir>/<network>/<ip>` (the address's canonical text, `10.244.1.2` or `fd00::2`) holds `<containerID>\r\n<ifname>`, `last_reserved_ip.<set>` the
 //! last address handed out from range set `<set>`, and `lock` is flocked around every change.
-//! Our writes are whole or absent (written aside, then linked or renamed into place); torn
-//! files left by anyone else are detected and repaired under the lock.
+//! Our reservations and records are whole or absent (written aside in `.aside/`, then linked
+//! or renamed into place); `last_reserved_ip.<set>` is overwritten in place (a torn one only
+//! restarts round-robin). Torn files left by anyone else are detected and repaired under the
+//! lock. Beside them, `attachments/` records which addresses each attachment holds
+//! (`record.rs`).
 use std::{
     fs::{self, File, OpenOptions},
     io::{ErrorKind, Write},
     net::IpAddr,
+    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
 };
 
@@ -15,12 +19,16 @@ use nix::fcntl::{Flock, FlockArg};
 use crate::cni::{CniResult, Context, ErrorCode};
 
 /// host-local separates ID and interface with CRLF; we write the same so both can read it.
-const LINE_BREAK: &str = "\r\n";
+pub(super) const LINE_BREAK: &str = "\r\n";
 /// Ends the names of files written aside before they are linked or renamed into place.
 const TEMP_SUFFIX: &str = ".tmp";
+/// Where files are written aside: a directory of its own, empty but for a crashed writer's
+/// leftovers, so that DEL finds those without listing every reservation. (Earlier builds wrote
+/// aside beside the reservations; GC removes what they left there.)
+const ASIDE: &str = ".aside";
 
 pub struct Store {
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     _lock: Flock<File>,
 }
 
@@ -28,7 +36,7 @@ impl Store {
     /// Opens (creating if needed) the network's directory and takes its lock until drop.
     pub fn lock(data_dir: &Path, network: &str) -> CniResult<Self> {
         let dir = data_dir.join(network);
-        fs::create_dir_all(&dir).cni(ErrorCode::IO, format!("cannot create IPAM dir {}", dir.display()))?;
+        fs::create_dir_all(dir.join(ASIDE)).cni(ErrorCode::IO, format!("cannot create IPAM dir {}", dir.display()))?;
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -60,26 +68,52 @@ impl Store {
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
             Err(e) => return Err(e).cni(ErrorCode::IO, format!("cannot reserve {ip}")),
         }
-        let last = self.write_aside(&format!("last_reserved_ip.{set}"), &ip.to_string())?;
-        fs::rename(&last, self.dir.join(format!("last_reserved_ip.{set}")))
-            .cni(ErrorCode::IO, "cannot record last reserved IP")?;
+        self.record_last_reserved(set, ip)?;
         Ok(true)
     }
 
-    /// Writes `content` to a temporary name beside `name`. Leftovers of a crash are ignored by
+    /// Overwrites `last_reserved_ip.<set>` in place. Not written aside and renamed over: that
+    /// frees an inode per ADD, and ext4 makes every later file creation step over the inodes
+    /// freed in the last minutes (`recently_deleted`), so that ADD grew with the pods a node
+    /// had just started. A crash between the write and the truncation leaves a torn record,
+    /// which [`Self::last_reserved`] reports and ignores.
+    fn record_last_reserved(&self, set: usize, ip: IpAddr) -> CniResult<()> {
+        let text = ip.to_string();
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(format!("last_reserved_ip.{set}")))
+            .cni(ErrorCode::IO, "cannot record last reserved IP")?;
+        file.write_all_at(text.as_bytes(), 0)
+            .and_then(|()| file.set_len(text.len() as u64))
+            .cni(ErrorCode::IO, "cannot record last reserved IP")
+    }
+
+    /// Writes `content` to a temporary name in `.aside/`. Leftovers of a crash are ignored by
     /// every reader (not an address) and removed by [`Self::remove_leftovers`].
-    fn write_aside(&self, name: &str, content: &str) -> CniResult<PathBuf> {
-        let path = self.dir.join(format!(".{name}.{}{TEMP_SUFFIX}", std::process::id()));
+    pub(super) fn write_aside(&self, name: &str, content: &str) -> CniResult<PathBuf> {
+        let path = self.dir.join(ASIDE).join(format!(".{name}.{}{TEMP_SUFFIX}", std::process::id()));
         let mut file = File::create(&path).cni(ErrorCode::IO, format!("cannot write {}", path.display()))?;
         file.write_all(content.as_bytes()).cni(ErrorCode::IO, format!("cannot write {}", path.display()))?;
         Ok(path)
     }
 
     /// Removes the temporary files of writers that crashed; safe under the lock, which every
-    /// writer holds. Returns how many.
-    pub fn remove_leftovers(&self) -> CniResult<usize> {
+    /// writer holds. Returns how many. `.aside/` only (DEL): it is empty unless a writer
+    /// crashed; with `beside_reservations` (GC) also those of earlier builds, which wrote them
+    /// among the reservations.
+    pub fn remove_leftovers(&self, beside_reservations: bool) -> CniResult<usize> {
+        let mut removed = self.remove_leftovers_in(&self.dir.join(ASIDE))?;
+        if beside_reservations {
+            removed += self.remove_leftovers_in(&self.dir)?;
+        }
+        Ok(removed)
+    }
+
+    fn remove_leftovers_in(&self, dir: &Path) -> CniResult<usize> {
         let mut removed = 0;
-        for entry in fs::read_dir(&self.dir).cni(ErrorCode::IO, "cannot list IPAM dir")? {
+        for entry in fs::read_dir(dir).cni(ErrorCode::IO, "cannot list IPAM dir")? {
             let entry = entry.cni(ErrorCode::IO, "cannot list IPAM dir")?;
             if entry.file_name().to_str().is_some_and(|n| n.starts_with('.') && n.ends_with(TEMP_SUFFIX)) {
                 fs::remove_file(entry.path()).cni(ErrorCode::IO, "cannot remove a leftover temporary file")?;
@@ -152,12 +186,20 @@ impl Store {
         Ok(self.reservations()?.into_iter().filter(|(_, h)| h.is(id, ifname)).map(|(ip, _)| ip).collect())
     }
 
-    /// Releases every address of the attachment; releasing nothing is not an error.
+    /// Releases every address of the attachment; releasing nothing is not an error. The
+    /// attachment's record names them (each checked to be still its own); without one (an
+    /// earlier build's ADD, a second DEL) every reservation is read.
     pub fn release(&self, id: &str, ifname: &str) -> CniResult<Vec<IpAddr>> {
-        let ips = self.find(id, ifname)?;
+        let ips = match self.recorded(id, ifname) {
+            Some(recorded) => {
+                recorded.into_iter().filter(|ip| self.holder(*ip).is_some_and(|h| h.is(id, ifname))).collect()
+            }
+            None => self.find(id, ifname)?,
+        };
         for ip in &ips {
             self.remove(*ip)?;
         }
+        self.forget(id, ifname)?;
         Ok(ips)
     }
 
@@ -185,7 +227,7 @@ pub struct Holder {
 
 impl Holder {
     /// Content that is not UTF-8 parses as a torn holder.
-    fn parse(content: &[u8]) -> Self {
+    pub(super) fn parse(content: &[u8]) -> Self {
         let content = std::str::from_utf8(content).unwrap_or_default();
         let mut lines = content.lines().map(str::trim);
         let container_id = lines.next().unwrap_or_default().to_string();

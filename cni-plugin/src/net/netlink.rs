@@ -8,14 +8,19 @@ use rtnetlink::{
     Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
     packet_route::{
         AddressFamily,
+        address::AddressMessage,
         address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope},
         link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
-        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope, RouteType},
+        route::{RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteScope, RouteType},
         tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcOption},
     },
 };
 
 use super::netns::Netns;
+
+/// An address that only a default route covers on a node: TEST-NET-3 (RFC 5737), for
+/// documentation, never a host, so no node routes it on its own. Looked up, never sent to.
+const OUTSIDE_PROBE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 
 /// `ENODEV`/`ENOENT` from the kernel: the object is already gone.
 fn is_not_found(err: &rtnetlink::Error) -> bool {
@@ -61,6 +66,11 @@ pub struct Link {
 
 pub struct Netlink {
     pub(super) handle: Handle,
+    /// A socket with `NETLINK_GET_STRICT_CHK`, on which the kernel honours a dump's filters
+    /// (an address dump's link index) instead of sending everything: a node's address dump
+    /// holds every host veth's link-local address. Not `handle`: strict checking would also
+    /// make the kernel filter route dumps by the table, protocol and type of their request.
+    strict: Handle,
 }
 
 impl Netlink {
@@ -68,7 +78,9 @@ impl Netlink {
     pub fn connect() -> Result<Self> {
         let (conn, handle, _) = rtnetlink::new_connection().context("netlink socket")?;
         tokio::spawn(conn);
-        Ok(Self { handle })
+        let (conn, strict, _) = rtnetlink::new_connection_with_strict_check().context("netlink socket")?;
+        tokio::spawn(conn);
+        Ok(Self { handle, strict })
     }
 
     /// A connection whose socket lives in `ns`, usable from here.
@@ -215,7 +227,37 @@ impl Netlink {
 
 impl Netlink {
     /// The interface of the IPv4 default route in the main table (the lowest metric wins).
+    /// One route lookup (`default_route_by_lookup`) where it answers, a dump of the table (a
+    /// /32 per pod) where it cannot.
     pub async fn default_route_ifindex(&self) -> Result<Option<u32>> {
+        match self.default_route_by_lookup().await {
+            Some(index) => Ok(Some(index)),
+            None => self.default_route_by_dump().await,
+        }
+    }
+
+    /// The route the kernel picks for `OUTSIDE_PROBE` (`ip route get fibmatch`), when that is
+    /// the main table's default route through one interface: the main table's first usable
+    /// default route, the one of lowest metric. None when the probe has a more specific route,
+    /// a policy rule took it to another table, the route has several next hops or none, or the
+    /// lookup failed: the dump decides then.
+    async fn default_route_by_lookup(&self) -> Option<u32> {
+        let mut request = RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(OUTSIDE_PROBE, 32).build();
+        request.header.flags |= RouteFlags::FibMatch;
+        let route = self.handle.route().get(request).execute().try_next().await.ok()??;
+        let table = route
+            .attributes
+            .iter()
+            .find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None })
+            .unwrap_or(u32::from(route.header.table));
+        let multipath = route.attributes.iter().any(|a| matches!(a, RouteAttribute::MultiPath(_)));
+        if route.header.destination_prefix_length != 0 || table != u32::from(RouteHeader::RT_TABLE_MAIN) || multipath {
+            return None;
+        }
+        route.attributes.iter().find_map(|a| if let RouteAttribute::Oif(i) = a { Some(*i) } else { None })
+    }
+
+    async fn default_route_by_dump(&self) -> Result<Option<u32>> {
         let request = RouteMessageBuilder::<Ipv4Addr>::new().build();
         let mut routes = self.handle.route().get(request).execute();
         let mut best: Option<(u32, u32)> = None;
@@ -234,9 +276,23 @@ impl Netlink {
         Ok(best.map(|(_, oif)| oif))
     }
 
+    /// The addresses of one family (`Unspec`: both) of one link, filtered by the kernel (a
+    /// strict-check dump): a node's address dump holds every host veth's link-local address.
+    fn link_addresses(
+        &self,
+        index: u32,
+        family: AddressFamily,
+    ) -> impl futures::Stream<Item = Result<AddressMessage, rtnetlink::Error>> {
+        let mut request = self.strict.address().get();
+        request.message_mut().header.index = index;
+        request.message_mut().header.family = family;
+        // Also kept in userspace: a kernel without strict dumps ignores the header's index.
+        request.set_link_index_filter(index).execute()
+    }
+
     /// The first primary (not secondary), global IPv4 address of a link.
     pub async fn primary_ipv4(&self, index: u32) -> Result<Option<Ipv4Addr>> {
-        let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();
+        let mut addresses = std::pin::pin!(self.link_addresses(index, AddressFamily::Inet));
         while let Some(msg) = addresses.try_next().await.context("listing addresses")? {
             let h = &msg.header;
             if h.family != AddressFamily::Inet
@@ -259,7 +315,7 @@ impl Netlink {
     /// The link's first global IPv6 address that is usable now: not tentative (duplicate
     /// address detection still running), not deprecated, not a temporary (privacy) one.
     pub async fn primary_ipv6(&self, index: u32) -> Result<Option<Ipv6Addr>> {
-        let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();
+        let mut addresses = std::pin::pin!(self.link_addresses(index, AddressFamily::Inet6));
         let unusable = AddressHeaderFlags::Tentative | AddressHeaderFlags::Deprecated | AddressHeaderFlags::Secondary;
         while let Some(msg) = addresses.try_next().await.context("listing addresses")? {
             let h = &msg.header;
@@ -279,7 +335,7 @@ impl Netlink {
 
     /// The addresses of a link (with their prefix lengths).
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>> {
-        let mut addresses = self.handle.address().get().set_link_index_filter(index).execute();
+        let mut addresses = std::pin::pin!(self.link_addresses(index, AddressFamily::Unspec));
         let mut found = Vec::new();
         while let Some(msg) = addresses.try_next().await.context("listing addresses")? {
             let ip = msg.attributes.iter().find_map(|a| match a {
