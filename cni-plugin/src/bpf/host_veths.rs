@@ -83,6 +83,14 @@ impl Datapath {
         Ok(())
     }
 
+    /// Clears the slot of the attachment's host veth `ifindex` (DEL, by the veth it deletes) if
+    /// the attachment still holds it: also when none of its endpoints is left to name the veth
+    /// (an ADD killed between the slot and its endpoints), where the slot would otherwise vouch
+    /// for its address until GC, on whatever interface gets that ifindex again.
+    pub fn release_host_veth(&self, ifindex: u32, owner: u64) -> CniResult<()> {
+        self.release_host_veths(&BTreeSet::from([(ifindex, owner)]))
+    }
+
     /// Clears every slot whose owner `stale` picks (GC: a slot whose endpoints went without it,
     /// an ADD that failed between the two). Returns how many.
     pub fn clear_host_veths_where(&self, stale: impl Fn(u64) -> bool) -> CniResult<usize> {

@@ -24,6 +24,8 @@ pub async fn del(env: &CniEnv, conf: &NetConf, raw_conf: &[u8]) -> CniResult<()>
 /// before it reached the datapath) leaves the network's datapath as it is.
 pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink, datapath: bool) -> CniResult<()> {
     let attachment = Attachment::new(&env.container_id, &env.ifname);
+    // Its `HOST_VETHS` slot is found by the veth's ifindex, which goes with the veth.
+    let host_ifindex = node.link(&attachment.host_ifname()).await.ok().flatten().map(|link| link.index);
     let mut first_err =
         node.delete_link(&attachment.host_ifname()).await.cni(ErrorCode::IO, "cannot delete host veth").err();
     fault::point("del:after-veth");
@@ -42,7 +44,9 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
                     log::warn!("cannot read the attachment's recorded addresses ({e}): looking through every endpoint");
                     None
                 });
-                let removed = [dp.remove_endpoints(owner, recorded.as_deref()), dp.forget_flows(owner)];
+                let slot = host_ifindex.map_or(Ok(()), |ifindex| dp.release_host_veth(ifindex, owner));
+                let removed =
+                    [slot.map(|()| 0), dp.remove_endpoints(owner, recorded.as_deref()), dp.forget_flows(owner)];
                 for result in removed {
                     if let Err(e) = result {
                         first_err.get_or_insert(e);
