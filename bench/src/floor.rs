@@ -25,7 +25,10 @@ const EM_BPF: u16 = 247;
 /// the other pod. The filters stay until the veths go with the pair.
 pub fn attach(pair: &Pair, ours: &Plugin) -> Result<()> {
     let node = &pair.node().context("the floor needs ebpf-cni pods")?.node.name;
-    let object = object(&std::fs::read(&ours.binary)?)?;
+    // A build before the floor has none in its object: `EBPF_CNI_FLOOR_FROM` names the binary
+    // to take it from, so a release can be measured against the same floor as this build.
+    let source = std::env::var_os("EBPF_CNI_FLOOR_FROM").map_or_else(|| ours.binary.clone(), Into::into);
+    let object = object(&std::fs::read(&source).with_context(|| format!("reading {}", source.display()))?)?;
     let client = Side::of(node, &pair.client_ns)?;
     let server = Side::of(node, &pair.server_ns)?;
     for (from, to) in [(&client, &server), (&server, &client)] {
