@@ -33,11 +33,30 @@ pub struct Figure {
     /// With [`Figure::pooled_p99`]: every sample of every round, per path; the figure is their
     /// 99th percentile (one round holds too few samples for a p99 of its own to mean much).
     pub pooled: Option<Vec<(Path, Samples)>>,
+    /// With [`Figure::own_columns`]: its section's table has the columns of the paths the
+    /// section measured only, not the pod → pod ones.
+    pub own_columns: bool,
 }
 
 impl Figure {
     pub fn new(section: &'static str, name: impl Into<String>, unit: &'static str, better: Better) -> Self {
-        Self { section, name: name.into(), unit, better, values: Vec::new(), targets: Vec::new(), pooled: None }
+        Self {
+            section,
+            name: name.into(),
+            unit,
+            better,
+            values: Vec::new(),
+            targets: Vec::new(),
+            pooled: None,
+            own_columns: false,
+        }
+    }
+
+    /// The section's table shows only the paths it measured (a section whose topology is not
+    /// the pod → pod one: the same-node ceilings mean nothing there).
+    pub fn own_columns(mut self) -> Self {
+        self.own_columns = true;
+        self
     }
 
     /// The figure is the 99th percentile of all samples; record rounds with [`Figure::record_round`].
@@ -129,7 +148,8 @@ impl Figure {
 
 /// The Markdown table: one row per figure; every cell is "median (min–max over rounds)". The
 /// pod → pod paths are columns of every table; a section measuring other paths (the Service
-/// section's) gets them as more columns, and its own header when the columns change.
+/// section's) gets them as more columns, and its own header when the columns change. A section
+/// of [`Figure::own_columns`] figures has the columns of its measured paths only.
 pub fn table(figures: &[Figure]) -> String {
     let mut out = String::new();
     let mut header: Option<Vec<Path>> = None;
@@ -147,25 +167,29 @@ pub fn table(figures: &[Figure]) -> String {
     out
 }
 
-/// The columns of `section`'s figures: the pod → pod paths, then others any of them measured.
+/// The columns of `section`'s figures: the pod → pod paths, then others any of them measured;
+/// or, for a section of its own columns, the paths it measured.
 fn columns(figures: &[Figure], section: &str) -> Vec<Path> {
-    let measured = |p: Path| figures.iter().any(|f| f.section == section && f.samples(p).is_some());
-    let extra = Path::EVERY.into_iter().filter(|p| !Path::ALL.contains(p) && measured(*p));
+    let figures: Vec<&Figure> = figures.iter().filter(|f| f.section == section).collect();
+    let measured = |p: &Path| figures.iter().any(|f| f.samples(*p).is_some());
+    if figures.iter().any(|f| f.own_columns) {
+        return Path::EVERY.into_iter().filter(measured).collect();
+    }
+    let extra = Path::EVERY.into_iter().filter(|p| !Path::ALL.contains(p) && measured(p));
     Path::ALL.into_iter().chain(extra).collect()
 }
 
-/// The paths ebpf-cni is divided by: bridge and the bare veth always, and the extra ones.
+/// The paths ebpf-cni is divided by: every column but its own and loopback.
 fn ratio_columns(paths: &[Path]) -> impl Iterator<Item = Path> + '_ {
     paths.iter().copied().filter(|p| !matches!(p, Path::EbpfCni | Path::Loopback))
 }
 
 fn head(out: &mut String, paths: &[Path]) {
-    let names: Vec<&str> = paths.iter().map(|p| p.name()).collect();
-    let ratios: Vec<String> = ratio_columns(paths).map(|p| format!("÷ {}", p.name())).collect();
-    let _ =
-        writeln!(out, "| section | figure | unit | {} | {} | target | met |", names.join(" | "), ratios.join(" | "));
-    let cells = paths.len() + ratios.len();
-    let _ = writeln!(out, "|---|---|---|{}---|---|", "--:|".repeat(cells));
+    let names = paths.iter().map(|p| p.name().to_string());
+    let ratios = ratio_columns(paths).map(|p| format!("÷ {}", p.name()));
+    let cells: Vec<String> = names.chain(ratios).collect();
+    let _ = writeln!(out, "| section | figure | unit | {} | target | met |", cells.join(" | "));
+    let _ = writeln!(out, "|---|---|---|{}---|---|", "--:|".repeat(cells.len()));
 }
 
 fn row(out: &mut String, f: &Figure, paths: &[Path]) {
@@ -184,16 +208,14 @@ fn row(out: &mut String, f: &Figure, paths: &[Path]) {
         Some(false) => "**no**",
         None => "",
     };
-    let cells: Vec<String> = paths.iter().map(|p| cell(*p)).collect();
-    let ratios: Vec<String> = ratio_columns(paths).map(ratio).collect();
+    let cells: Vec<String> = paths.iter().map(|p| cell(*p)).chain(ratio_columns(paths).map(ratio)).collect();
     let _ = writeln!(
         out,
-        "| {} | {} | {} | {} | {} | {} | {met} |",
+        "| {} | {} | {} | {} | {} | {met} |",
         f.section,
         f.name,
         f.unit,
         cells.join(" | "),
-        ratios.join(" | "),
         f.target_text()
     );
 }
@@ -256,6 +278,36 @@ mod tests {
             heads[1].ends_with("| ebpf-cni pod → pod | ÷ bridge | ÷ bare veth | ÷ ebpf-cni pod → pod | target | met |")
         );
         assert!(text.lines().last().unwrap().contains("| 1.01× | ≤ 1.02× ebpf-cni pod → pod | yes |"), "{text}");
+    }
+
+    #[test]
+    fn a_section_of_its_own_columns_shows_only_the_paths_it_measured() {
+        let mut across = Figure::new("x", "f", "u", Better::Lower).own_columns().target(Some(Path::Routed), 1.05);
+        for (path, value) in
+            [(Path::EbpfCni, 21.0), (Path::Bridge, 24.0), (Path::BareNodes, 16.0), (Path::Routed, 20.0)]
+        {
+            across.record(path, value);
+        }
+        let mut only_ours = Figure::new("x", "g", "ns", Better::Lower).own_columns();
+        only_ours.record(Path::EbpfCni, 50.0);
+        let text = table(&[figure(), across, only_ours]);
+        let heads: Vec<&str> = text.lines().filter(|l| l.starts_with("| section")).collect();
+        assert_eq!(heads.len(), 2, "{text}");
+        assert_eq!(
+            heads[1],
+            "| section | figure | unit | ebpf-cni | bridge | bare node → node | routed (1 hop, no plugin) | ÷ bridge \
+             | ÷ bare node → node | ÷ routed (1 hop, no plugin) | target | met |"
+        );
+        let rows: Vec<&str> = text.lines().skip_while(|l| *l != heads[1]).skip(2).collect();
+        assert!(
+            rows[0].ends_with(
+                "| 21.0 | 24.0 | 16.0 | 20.0 | 0.88× | 1.31× | 1.05× | ≤ 1.05× routed (1 hop, no plugin) | yes |"
+            ),
+            "{text}"
+        );
+        assert!(rows[1].ends_with("| 50.0 | – | – | – | – | – | – |  |  |"), "{text}");
+        let separator = text.lines().skip_while(|l| *l != heads[1]).nth(1).unwrap();
+        assert_eq!(separator.matches('|').count(), heads[1].matches('|').count(), "{text}");
     }
 
     #[test]
