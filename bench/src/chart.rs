@@ -38,6 +38,7 @@ fn colour(path: Path) -> &'static str {
         Path::OwnPodToPod => "#1e3a8a",
         Path::BareNodes => "#374151",
         Path::Floor => "#16a34a",
+        Path::Routed => "#7c3aed",
     }
 }
 

@@ -77,6 +77,8 @@ enum HoldPath {
     BareNodes,
     /// ebpf-cni's pods with the floor program in front of `from_pod` (`floor.rs`).
     Floor,
+    /// Client and server namespaces routed through a third, no plugin (the cross-node section's).
+    Routed,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -167,6 +169,7 @@ fn run_bench(cli: Cli) -> Result<()> {
             HoldPath::CrossBridge => (Bridge, true),
             HoldPath::BareNodes => (BareNodes, true),
             HoldPath::Floor => (Floor, false),
+            HoldPath::Routed => (Routed, true),
         };
         return hold::run(path, cross, &ours);
     }

@@ -24,8 +24,9 @@ pub enum Family {
 
 static BUILT: AtomicU32 = AtomicU32::new(0);
 
-/// A column of the results. The last three exist in the Service section only, where `EbpfCni`
-/// is ebpf-cni's own Service LB and `Bridge` is bridge with kube-proxy's iptables rules.
+/// A column of the results. `EbpfCniKubeProxy`, `BridgeNft` and `OwnPodToPod` exist in the
+/// Service section only, where `EbpfCni` is ebpf-cni's own Service LB and `Bridge` is bridge
+/// with kube-proxy's iptables rules; `BareNodes` and `Routed` in the cross-node section only.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Path {
     EbpfCni,
@@ -42,6 +43,9 @@ pub enum Path {
     BareNodes,
     /// ebpf-cni's pods with the floor program in front of `from_pod` (`floor.rs`).
     Floor,
+    /// Two namespaces each joined by a veth to a third that forwards between them, no plugin,
+    /// no netfilter rule, no BPF: what one kernel forwarding hop costs (the cross-node section).
+    Routed,
 }
 
 impl Path {
@@ -51,7 +55,7 @@ impl Path {
     pub const DATAPATH: [Self; 5] = [Self::EbpfCni, Self::Floor, Self::Bridge, Self::BareVeth, Self::Loopback];
     pub const PLUGINS: [Self; 2] = [Self::EbpfCni, Self::Bridge];
     /// Every column, in the tables' order.
-    pub const EVERY: [Self; 9] = [
+    pub const EVERY: [Self; 10] = [
         Self::EbpfCni,
         Self::Bridge,
         Self::BareVeth,
@@ -61,6 +65,7 @@ impl Path {
         Self::BridgeNft,
         Self::OwnPodToPod,
         Self::BareNodes,
+        Self::Routed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +79,7 @@ impl Path {
             Self::OwnPodToPod => "ebpf-cni pod → pod",
             Self::BareNodes => "bare node → node",
             Self::Floor => "floor (MAC rewrite + redirect_peer)",
+            Self::Routed => "routed (1 hop, no plugin)",
         }
     }
 
@@ -175,11 +181,12 @@ impl Pair {
         }
     }
 
-    /// Between two namespaces that go with the pair.
-    pub fn owning(namespaces: [NetnsGuard; 2], server_ip: &str) -> Self {
+    /// Between the first namespace and the last; they (and any between them) go with the pair.
+    pub fn owning<const N: usize>(namespaces: [NetnsGuard; N], server_ip: &str) -> Self {
+        let name = |ns: Option<&NetnsGuard>| ns.map(|ns| ns.name.clone()).unwrap_or_default();
         Self {
-            client_ns: namespaces[0].name.clone(),
-            server_ns: namespaces[1].name.clone(),
+            client_ns: name(namespaces.first()),
+            server_ns: name(namespaces.last()),
             server_ip: server_ip.into(),
             dial_ip: server_ip.into(),
             keep: Keep::Namespaces { _namespaces: namespaces.into() },

@@ -13,6 +13,12 @@
 //!   which cluster traffic never matches, and bridged packets go through netfilter
 //!   (`bridge-nf-call-iptables`, kube-proxy's requirement): the reference nodes of `lan.rs`.
 //! - bare node → node: two namespaces and the same wire, nothing else (the ceiling).
+//! - routed (1 hop, no plugin): a client and a server namespace, each joined by one veth to a
+//!   third that forwards between them (`ip_forward`, nothing else: no netfilter rule, no BPF,
+//!   no bridge), each with an address in its own node's pod subnet and a default route via the
+//!   router. A pod's packet across nodes crosses two veths (pod → node, then the wire) where
+//!   the bare wire has one; this path crosses two veths and one kernel forwarding hop and no
+//!   plugin, the cost of the structure alone.
 use anyhow::{Context, Result, bail, ensure};
 use ebpf_cni_tests::{NetnsGuard, Plugin, Testbed, run_in};
 use serde_json::{Value, json};
@@ -24,10 +30,13 @@ const SUBNETS: [&str; 2] = ["10.240.1.0/24", "10.240.2.0/24"];
 /// Node 1's and node 2's addresses on the wire.
 const WIRE_IPS: [&str; 2] = ["10.254.0.1", "10.254.0.2"];
 const WIRE: &str = "eth0";
+/// The routed path's router and client, then its router and server: the nodes' pod subnets.
+const ROUTED_IPS: [[&str; 2]; 2] = [["10.240.1.1", "10.240.1.2"], ["10.240.2.1", "10.240.2.2"]];
 
 pub fn build(path: Path, ours: &Plugin) -> Result<Pair> {
     match path {
         Path::BareNodes => bare(),
+        Path::Routed => routed(),
         Path::EbpfCni | Path::Bridge => pods(path, ours),
         other => bail!("{} is no cross-node path", other.name()),
     }
@@ -38,6 +47,30 @@ fn bare() -> Result<Pair> {
     let nodes = [NetnsGuard::create(&format!("{base}-n1"))?, NetnsGuard::create(&format!("{base}-n2"))?];
     wire(&nodes[0].name, &nodes[1].name)?;
     Ok(Pair::owning(nodes, WIRE_IPS[1]))
+}
+
+/// Client —veth— router —veth— server. Each link is `eth0` on the client's or server's side;
+/// on the router's, `eth0` to the client and `eth1` to the server.
+fn routed() -> Result<Pair> {
+    let base = unique("xnh");
+    let client = NetnsGuard::create(&format!("{base}-c"))?;
+    let router = NetnsGuard::create(&format!("{base}-r"))?;
+    let server = NetnsGuard::create(&format!("{base}-s"))?;
+    run_in(&router.name, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+    for (end, router_side, [gateway, host]) in [(&client, "eth0", ROUTED_IPS[0]), (&server, "eth1", ROUTED_IPS[1])] {
+        let peer = format!("/run/netns/{}", end.name);
+        run_in(
+            &router.name,
+            "ip",
+            &["link", "add", router_side, "type", "veth", "peer", "name", WIRE, "netns", &peer],
+        )?;
+        for (ns, dev, ip) in [(&router.name, router_side, gateway), (&end.name, WIRE, host)] {
+            run_in(ns, "ip", &["addr", "add", &format!("{ip}/24"), "dev", dev])?;
+            run_in(ns, "ip", &["link", "set", dev, "mtu", &MTU.to_string(), "up"])?;
+        }
+        run_in(&end.name, "ip", &["route", "add", "default", "via", gateway])?;
+    }
+    Ok(Pair::owning([client, router, server], ROUTED_IPS[1][1]))
 }
 
 /// A pod on each node, attached by the path's plugin.
