@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::{
     Settings,
-    report::{Better::*, Figure},
+    report::{self, Better::*, Figure},
     stats::Samples,
     topology::{self, Family, Path},
 };
@@ -236,18 +236,5 @@ fn flatness(verb: &str, by_level: &[Vec<(Path, f64)>], first: usize, top: usize)
 
 /// `1 pod`, `1,000 pods`: a pod level as the tables name it.
 fn pods(n: usize) -> String {
-    if n == 1 { "1 pod".into() } else { format!("{} pods", thousands(n)) }
-}
-
-/// `1,000` for 1000.
-fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    if n == 1 { "1 pod".into() } else { format!("{} pods", report::thousands(n)) }
 }

@@ -31,7 +31,7 @@ use ebpf_cni_tests::{
 use crate::{
     Settings, conn_rate, iperf,
     iperf::Placement,
-    report::{Better::*, Figure},
+    report::{self, Better::*, Figure},
     service_set::{self, CLUSTER_IP, CONN_PORT},
     service_sync, sockperf,
     topology::{self, Family, Pair, Path},
@@ -142,14 +142,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
 
 /// "1 Service", "10,000 Services".
 fn count(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
+    let out = report::thousands(n);
     if n == 1 { format!("{out} Service") } else { format!("{out} Services") }
 }
 

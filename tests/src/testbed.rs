@@ -435,6 +435,22 @@ impl Testbed {
         self.map_dump(map)
     }
 
+    /// The `HOST_VETHS` slots in use, as (ifindex, IPv4 address, flags).
+    pub fn host_veth_slots(&self) -> Vec<(u64, [u8; 4], u64)> {
+        let dump = self.map_dump_if_pinned(ebpf_common::names::HOST_VETHS).expect("dumping HOST_VETHS");
+        dump.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| {
+                let value = entry.get("formatted").map_or(&entry["value"], |f| &f["value"]);
+                let ifindex = value["ifindex"].as_u64().filter(|&i| i != 0)?;
+                let octets: Vec<u8> =
+                    value["ipv4"].as_array()?.iter().map(|b| b.as_u64().unwrap_or_default() as u8).collect();
+                Some((ifindex, octets.try_into().ok()?, value["flags"].as_u64()?))
+            })
+            .collect()
+    }
+
     /// The id of the pinned `from_pod` program (the same id means it was not loaded again).
     pub fn program_id(&self) -> Result<u64> {
         let pin = self.version_dir().join("progs/from_pod");

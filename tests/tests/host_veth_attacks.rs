@@ -12,22 +12,6 @@ use ebpf_cni_tests::{
 use ebpf_common::{HOST_VETHS_SLOTS, names};
 use serde_json::{Value, json};
 
-/// The slots in use, as (ifindex, IPv4 address, flags).
-fn slots(tb: &Testbed) -> Vec<(u64, [u8; 4], u64)> {
-    let dump = tb.map_dump_if_pinned(names::HOST_VETHS).unwrap();
-    dump.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|entry| {
-            let value = entry.get("formatted").map_or(&entry["value"], |f| &f["value"]);
-            let ifindex = value["ifindex"].as_u64().filter(|&i| i != 0)?;
-            let octets: Vec<u8> =
-                value["ipv4"].as_array()?.iter().map(|b| b.as_u64().unwrap_or_default() as u8).collect();
-            Some((ifindex, octets.try_into().ok()?, value["flags"].as_u64()?))
-        })
-        .collect()
-}
-
 fn ifindex(tb: &Testbed, ifname: &str) -> u64 {
     let out = run_in(&tb.node.name, "ip", &["-j", "link", "show", "dev", ifname]).unwrap();
     let links: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -97,7 +81,7 @@ fn colliding_host_veths_keep_their_own_sender_and_egress_limit() {
     let taker = tb.add_attachments(1).unwrap().remove(0);
     let taker_index = ifindex(&tb, &taker.host_ifname);
     assert_eq!(taker_index, limited_index + u64::from(HOST_VETHS_SLOTS), "no collision was made");
-    let held = slots(&tb);
+    let held = tb.host_veth_slots();
     assert!(held.iter().any(|s| s.0 == taker_index), "the later ADD did not take the slot: {held:?}");
     assert!(!held.iter().any(|s| s.0 == limited_index), "two veths in one slot: {held:?}");
 
@@ -117,11 +101,11 @@ fn colliding_host_veths_keep_their_own_sender_and_egress_limit() {
 
     // The displaced pod's DEL leaves the taker's slot; the taker's clears it.
     tb.del(limited_pod).unwrap();
-    assert!(slots(&tb).iter().any(|s| s.0 == taker_index), "the displaced pod's DEL freed another's slot");
+    assert!(tb.host_veth_slots().iter().any(|s| s.0 == taker_index), "the displaced pod's DEL freed another's slot");
     let (verdict, _) = prog_run::run(&tb, "from_pod", &taker.host_ifname, udp_from(&taker, taker.ip, &plain));
     assert_eq!(verdict, TC_ACT_REDIRECT);
     tb.del(2).unwrap();
-    assert!(!slots(&tb).iter().any(|s| s.0 == taker_index), "DEL left the taker's slot");
+    assert!(!tb.host_veth_slots().iter().any(|s| s.0 == taker_index), "DEL left the taker's slot");
     tb.del(0).unwrap();
     assert_eq!(tb.leftovers().unwrap(), Vec::<String>::new());
 }
@@ -148,7 +132,7 @@ fn a_slot_whose_endpoints_are_gone_goes_with_its_veth() {
     args.extend(key.iter().map(String::as_str));
     run("bpftool", &args).unwrap();
     tb.del(0).unwrap();
-    let held = slots(&tb);
+    let held = tb.host_veth_slots();
     assert!(!held.iter().any(|s| s.0 == gone_index), "DEL left the slot of the veth it deleted: {held:?}");
 
     // An interface with the old ifindex sending from the gone pod's address: not vouched for.

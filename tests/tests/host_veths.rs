@@ -12,18 +12,7 @@ use serde_json::Value;
 
 /// The slots in use, as (ifindex, IPv4 address).
 fn slots(tb: &Testbed) -> Vec<(u64, [u8; 4])> {
-    let dump = tb.map_dump_if_pinned(names::HOST_VETHS).unwrap();
-    dump.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|entry| {
-            let value = entry.get("formatted").map_or(&entry["value"], |f| &f["value"]);
-            let ifindex = value["ifindex"].as_u64().filter(|&i| i != 0)?;
-            let octets: Vec<u8> =
-                value["ipv4"].as_array()?.iter().map(|b| b.as_u64().unwrap_or_default() as u8).collect();
-            Some((ifindex, octets.try_into().ok()?))
-        })
-        .collect()
+    tb.host_veth_slots().into_iter().map(|(ifindex, ip, _)| (ifindex, ip)).collect()
 }
 
 fn ifindex(tb: &Testbed, ifname: &str) -> u64 {
