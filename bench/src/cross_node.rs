@@ -26,37 +26,27 @@ use ebpf_common::{
 
 use crate::{
     Settings, conn_rate, iperf,
-    iperf::Placement,
+    iperf::{FREE, SPLIT},
     prog_cost::{self, Runs},
     report::{Better::*, Figure},
-    sockperf::{self, Protocol},
+    sockperf::{self, LATENCY_CPU, Protocol},
+    throughput::Throughput,
     topology::{self, Pair, Path},
     two_nodes,
 };
 
 const SECTION: &str = "pod → pod, across nodes";
 const PATHS: [Path; 4] = [Path::EbpfCni, Path::Bridge, Path::BareNodes, Path::Routed];
-/// Sender on CPU 0, receiver on CPU 1: the two sides never compete for a CPU.
-const SPLIT: Placement = Placement { client_cpu: Some(0), server_cpu: Some(1) };
-const FREE: Placement = Placement { client_cpu: None, server_cpu: None };
-/// Client and server of the latency runs share this CPU (see sockperf.rs).
-const LATENCY_CPU: usize = 1;
 const CONN_PORT: u16 = 5302;
 
 pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
     let (bridge, bare, routed) = (Some(Path::Bridge), Some(Path::BareNodes), Some(Path::Routed));
     // The table shows this section's own paths: bare veth and loopback are same-node ceilings.
     let figure = |name: &str, unit, better| Figure::new(SECTION, name, unit, better).own_columns();
-    let throughput = |name: &str, unit| figure(name, unit, Higher).target(bare, 0.95).target(bridge, 1.0);
     let latency = |name: &str| figure(name, "µs", Lower).target(bare, 1.05).target(bridge, 1.0);
     // The median within 5 % of one forwarding hop with no plugin: ebpf-cni adds next to nothing.
     let median_latency = |name: &str| latency(name).target(routed, 1.05);
-    let mut tcp1 = throughput("TCP, 1 stream (CPUs 0→1)", "Gbit/s");
-    let mut retr1 = figure("TCP retransmits, 1 stream", "per run", Lower);
-    let mut tcp4 = throughput("TCP, 4 streams (unpinned)", "Gbit/s");
-    let mut retr4 = figure("TCP retransmits, 4 streams", "per run", Lower);
-    let mut udp = throughput("UDP 64 B received (CPUs 0→1)", "kpps");
-    let mut loss = figure("UDP 64 B loss", "%", Lower);
+    let mut throughput = Throughput::new(figure, |f| f.target(bare, 0.95).target(bridge, 1.0));
     let mut lat = [
         median_latency("TCP ping-pong RTT p50 (same CPU)"),
         latency("TCP ping-pong RTT p99 (same CPU)"),
@@ -97,12 +87,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                 rtts,
                 one.cpu_s_per_gb,
             );
-            tcp1.record(path, one.gbits);
-            retr1.record(path, one.retransmits as f64);
-            tcp4.record(path, four.gbits);
-            retr4.record(path, four.retransmits as f64);
-            udp.record(path, small.pps / 1e3);
-            loss.record(path, small.loss_percent);
+            throughput.record(path, &one, Some(&four), &small);
             for (figure, value) in lat.iter_mut().zip(rtts) {
                 figure.record(path, value);
             }
@@ -118,7 +103,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
             }
         }
     }
-    let mut figures = vec![tcp1, retr1, tcp4, retr4, udp, loss];
+    let mut figures = throughput.figures(true);
     figures.extend(lat);
     figures.extend([conns, cpu, out_cost, in_cost]);
     Ok(figures)

@@ -10,18 +10,13 @@ use ebpf_cni_tests::Plugin;
 
 use crate::{
     Settings, iperf,
-    iperf::Placement,
+    iperf::{FREE, SPLIT},
     qperf,
     report::{Better::*, Figure},
-    sockperf::{self, Protocol},
+    sockperf::{self, LATENCY_CPU, Protocol},
+    throughput::Throughput,
     topology::{self, Family, Pair, Path},
 };
-
-/// Sender on CPU 0, receiver on CPU 1: the two sides never compete for a CPU.
-const SPLIT: Placement = Placement { client_cpu: Some(0), server_cpu: Some(1) };
-const FREE: Placement = Placement { client_cpu: None, server_cpu: None };
-/// Client and server of the latency runs share this CPU (see sockperf.rs).
-const LATENCY_CPU: usize = 1;
 
 pub fn run(s: &Settings, ours: &Plugin, family: Family) -> Result<Vec<Figure>> {
     let section = match family {
@@ -29,12 +24,8 @@ pub fn run(s: &Settings, ours: &Plugin, family: Family) -> Result<Vec<Figure>> {
         Family::V6 => "pod → pod, IPv6",
     };
     let ceiling = Some(Path::BareVeth);
-    let mut tcp1 = Figure::new(section, "TCP, 1 stream (CPUs 0→1)", "Gbit/s", Higher).target(ceiling, 0.95);
-    let mut retr1 = Figure::new(section, "TCP retransmits, 1 stream", "per run", Lower);
-    let mut tcp4 = Figure::new(section, "TCP, 4 streams (unpinned)", "Gbit/s", Higher).target(ceiling, 0.95);
-    let mut retr4 = Figure::new(section, "TCP retransmits, 4 streams", "per run", Lower);
-    let mut udp = Figure::new(section, "UDP 64 B received (CPUs 0→1)", "kpps", Higher).target(ceiling, 0.95);
-    let mut loss = Figure::new(section, "UDP 64 B loss", "%", Lower);
+    let mut throughput =
+        Throughput::new(|name, unit, better| Figure::new(section, name, unit, better), |f| f.target(ceiling, 0.95));
     let latency_names: &[&str] = match family {
         Family::V4 => &[
             "TCP ping-pong RTT p50 (same CPU)",
@@ -76,25 +67,14 @@ pub fn run(s: &Settings, ours: &Plugin, family: Family) -> Result<Vec<Figure>> {
                 rtt_text.join("/"),
                 one.cpu_s_per_gb
             );
-            tcp1.record(path, one.gbits);
-            retr1.record(path, one.retransmits as f64);
-            if let Some(four) = &four {
-                tcp4.record(path, four.gbits);
-                retr4.record(path, four.retransmits as f64);
-            }
-            udp.record(path, small.pps / 1e3);
-            loss.record(path, small.loss_percent);
+            throughput.record(path, &one, four.as_ref(), &small);
             for (figure, value) in lat.iter_mut().zip(rtts) {
                 figure.record(path, value);
             }
             cpu.record(path, one.cpu_s_per_gb);
         }
     }
-    let mut figures = vec![tcp1, retr1];
-    if family == Family::V4 {
-        figures.extend([tcp4, retr4]);
-    }
-    figures.extend([udp, loss]);
+    let mut figures = throughput.figures(family == Family::V4);
     figures.extend(lat);
     if family == Family::V4 {
         figures.push(cpu);

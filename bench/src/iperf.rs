@@ -17,6 +17,11 @@ pub struct Placement {
     pub server_cpu: Option<usize>,
 }
 
+/// Sender on CPU 0, receiver on CPU 1: the two sides never compete for a CPU.
+pub const SPLIT: Placement = Placement { client_cpu: Some(0), server_cpu: Some(1) };
+/// Wherever the scheduler puts them (several streams).
+pub const FREE: Placement = Placement { client_cpu: None, server_cpu: None };
+
 pub struct Tcp {
     pub gbits: f64,
     pub retransmits: u64,

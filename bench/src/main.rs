@@ -26,6 +26,7 @@ mod service_set;
 mod service_sync;
 mod sockperf;
 mod stats;
+mod throughput;
 mod topology;
 mod two_nodes;
 mod uplink;

@@ -10,13 +10,12 @@ use ebpf_cni_tests::{Cluster, EXT_SERVER, Plugin};
 
 use crate::{
     Settings, conn_rate, iperf,
-    iperf::Placement,
+    iperf::SPLIT,
     report::{Better::*, Figure},
     topology::{self, Family, Pair, Path},
 };
 
 const SECTION: &str = "pod → external (masquerade)";
-const SPLIT: Placement = Placement { client_cpu: Some(0), server_cpu: Some(1) };
 const CONN_PORT: u16 = 5301;
 
 pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {

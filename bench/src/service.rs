@@ -30,17 +30,15 @@ use ebpf_cni_tests::{
 
 use crate::{
     Settings, conn_rate, iperf,
-    iperf::Placement,
+    iperf::SPLIT,
     report::{self, Better::*, Figure},
     service_set::{self, CLUSTER_IP, CONN_PORT},
-    service_sync, sockperf,
+    service_sync,
+    sockperf::{self, LATENCY_CPU},
     topology::{self, Family, Pair, Path},
 };
 
 const SECTION: &str = "pod → ClusterIP → pod";
-const SPLIT: Placement = Placement { client_cpu: Some(0), server_cpu: Some(1) };
-/// Client and server of the latency runs share this CPU, as in the pod → pod section.
-const LATENCY_CPU: usize = 1;
 /// kube-proxy's `--cluster-cidr`: the pods of the test node are in it.
 const CLUSTER_CIDR: &str = "10.242.0.0/16";
 const PATHS: [Path; 4] = [Path::EbpfCni, Path::EbpfCniKubeProxy, Path::Bridge, Path::BridgeNft];

@@ -10,6 +10,9 @@ use crate::{proc::Background, topology::Pair};
 /// Where sockperf listens (a Service in front of it forwards this port).
 pub const PORT: u16 = 11111;
 
+/// The CPU client and server of every latency run share.
+pub const LATENCY_CPU: usize = 1;
+
 #[derive(Clone, Copy)]
 pub enum Protocol {
     Tcp,
