@@ -435,6 +435,17 @@ impl Testbed {
         self.map_dump(map)
     }
 
+    /// Deletes the `ENDPOINTS` entry of the IPv4 address `ip` behind the plugin's back (bpftool),
+    /// as a node whose state was damaged would have it.
+    pub fn remove_endpoint(&self, ip: std::net::Ipv4Addr) {
+        let pin = self.map_pin(ebpf_common::names::ENDPOINTS);
+        let octets: Vec<String> = ip.octets().iter().map(u8::to_string).collect();
+        let mut args = vec!["map", "delete", "pinned", pin.to_str().expect("pin path"), "key", "4", "0", "0", "0"];
+        args.extend(octets.iter().map(String::as_str));
+        args.extend(["0"; 12]);
+        run("bpftool", &args).expect("deleting an ENDPOINTS entry");
+    }
+
     /// The `HOST_VETHS` slots in use, as (ifindex, IPv4 address, flags).
     pub fn host_veth_slots(&self) -> Vec<(u64, [u8; 4], u64)> {
         let dump = self.map_dump_if_pinned(ebpf_common::names::HOST_VETHS).expect("dumping HOST_VETHS");

@@ -1,6 +1,6 @@
 //! CHECK finds each piece of an attachment that is missing or differs from ADD's result, and
 //! says which; it changes nothing.
-use ebpf_cni_tests::{Testbed, run, run_in, runtime::Runtime};
+use ebpf_cni_tests::{Testbed, run_in, runtime::Runtime};
 use serde_json::{Value, json};
 
 /// Breaks one piece of a fresh attachment: (testbed, pod, its address, ADD's result).
@@ -37,19 +37,7 @@ fn check_names_what_is_wrong() {
             },
             "from_pod",
         ),
-        (
-            "endpoint entry",
-            |tb, _, ip, _| {
-                let mut key = vec!["4", "0", "0", "0"];
-                key.extend(ip.split('.'));
-                key.extend(["0"; 12]);
-                let pin = tb.map_pin("ENDPOINTS");
-                let mut args = vec!["map", "delete", "pinned", pin.to_str().unwrap(), "key"];
-                args.extend(key);
-                run("bpftool", &args).unwrap();
-            },
-            "endpoint",
-        ),
+        ("endpoint entry", |tb, _, ip, _| tb.remove_endpoint(ip.parse().unwrap()), "endpoint"),
         (
             "IP reservation",
             |tb, _, ip, _| std::fs::remove_file(tb.data_dir().join(&tb.network).join(ip)).unwrap(),

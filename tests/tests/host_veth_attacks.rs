@@ -7,9 +7,9 @@ use ebpf_cni_tests::{
     Attached, Testbed,
     frames::{self, ethernet},
     prog_run::{self, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    run, run_in,
+    run_in,
 };
-use ebpf_common::{HOST_VETHS_SLOTS, names};
+use ebpf_common::HOST_VETHS_SLOTS;
 use serde_json::{Value, json};
 
 fn ifindex(tb: &Testbed, ifname: &str) -> u64 {
@@ -124,13 +124,7 @@ fn a_slot_whose_endpoints_are_gone_goes_with_its_veth() {
     let gone_index = ifindex(&tb, &gone.host_ifname);
 
     // Its endpoint removed without its slot.
-    let pin = tb.map_pin(names::ENDPOINTS);
-    let mut key = vec!["4".to_string(), "0".into(), "0".into(), "0".into()];
-    key.extend(gone.ip.octets().iter().map(|o| o.to_string()));
-    key.extend(std::iter::repeat_n("0".to_string(), 12));
-    let mut args = vec!["map", "delete", "pinned", pin.to_str().unwrap(), "key"];
-    args.extend(key.iter().map(String::as_str));
-    run("bpftool", &args).unwrap();
+    tb.remove_endpoint(gone.ip);
     tb.del(0).unwrap();
     let held = tb.host_veth_slots();
     assert!(!held.iter().any(|s| s.0 == gone_index), "DEL left the slot of the veth it deleted: {held:?}");

@@ -5,9 +5,8 @@ use ebpf_cni_tests::{
     Attached, Testbed,
     frames::{self, ethernet},
     prog_run::{self, TC_ACT_REDIRECT, TC_ACT_SHOT},
-    run,
 };
-use ebpf_common::{DropReason, names};
+use ebpf_common::DropReason;
 use serde_json::Value;
 
 /// The slots in use, as (ifindex, IPv4 address).
@@ -48,13 +47,7 @@ fn the_host_veths_slot_vouches_for_its_pod_only_and_goes_with_it() {
 
     // Without its `ENDPOINTS` entry the pod's packets still pass on the slot alone: the slot
     // is what from_pod reads first.
-    let pin = tb.map_pin(names::ENDPOINTS);
-    let mut key = vec!["4".to_string(), "0".into(), "0".into(), "0".into()];
-    key.extend(a.ip.octets().iter().map(|o| o.to_string()));
-    key.extend(std::iter::repeat_n("0".to_string(), 12));
-    let mut args = vec!["map", "delete", "pinned", pin.to_str().unwrap(), "key"];
-    args.extend(key.iter().map(String::as_str));
-    run("bpftool", &args).unwrap();
+    tb.remove_endpoint(a.ip);
     let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_from(a, a.ip, b));
     assert_eq!(verdict, TC_ACT_REDIRECT, "the slot was not used");
 
