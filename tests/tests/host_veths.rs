@@ -44,6 +44,9 @@ fn the_host_veths_slot_vouches_for_its_pod_only_and_goes_with_it() {
     let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_from(a, c.ip, b));
     assert_eq!(verdict, TC_ACT_SHOT, "another pod's address passed as the sender's");
     assert_eq!(tb.drops(DropReason::SpoofedSource).unwrap(), spoofed + 1);
+    // The unspecified address matches no slot (an empty address in one means none there).
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_from(a, std::net::Ipv4Addr::UNSPECIFIED, b));
+    assert_eq!(verdict, TC_ACT_SHOT, "0.0.0.0 passed as the sender's");
 
     // Without its `ENDPOINTS` entry the pod's packets still pass on the slot alone: the slot
     // is what from_pod reads first.
