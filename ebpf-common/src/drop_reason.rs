@@ -60,11 +60,14 @@ pub enum DropReason {
     ServiceRejectLimited = 17,
     /// No free SNAT port towards a remote backend (all tries taken by live flows).
     ServicePortsExhausted = 18,
+    /// A new flow no NetworkPolicy allows (into or out of a pod some policy isolates). Counted per
+    /// policy in `POLICY_COUNTS` too.
+    PolicyDenied = 19,
 }
 
 impl DropReason {
     /// Every reason, in number order.
-    pub const ALL: [DropReason; 18] = [
+    pub const ALL: [DropReason; 19] = [
         Self::Malformed,
         Self::SpoofedSource,
         Self::SpoofedArp,
@@ -83,6 +86,7 @@ impl DropReason {
         Self::ServiceClientShare,
         Self::ServiceRejectLimited,
         Self::ServicePortsExhausted,
+        Self::PolicyDenied,
     ];
 
     /// Size of `METRICS`: one slot per reason, slot 0 unused.
@@ -108,6 +112,7 @@ impl DropReason {
             Self::ServiceClientShare => "service-client-share",
             Self::ServiceRejectLimited => "service-reject-limited",
             Self::ServicePortsExhausted => "service-ports-exhausted",
+            Self::PolicyDenied => "policy-denied",
         }
     }
 

@@ -10,7 +10,9 @@ mod drop_reason;
 mod endpoint;
 mod flows;
 mod forward_path;
+mod monitor;
 mod nat;
+mod policy;
 mod service;
 mod service_ct;
 mod shares;
@@ -23,7 +25,9 @@ pub use endpoint::{
 };
 pub use flows::*;
 pub use forward_path::ForwardPath;
+pub use monitor::*;
 pub use nat::*;
+pub use policy::*;
 pub use service::*;
 pub use service_ct::*;
 pub use shares::*;
@@ -51,6 +55,10 @@ pub const FEATURE_STACK_EPOCHS: u64 = 4;
 /// ifindex first, and ADD, DEL, GC and the stack epochs' renewal keep that map. Pins of the
 /// previous release lack the bit and the map: the plugin then leaves it alone.
 pub const FEATURE_HOST_VETHS: u64 = 8;
+/// `FEATURES[0]` bit: the programs enforce NetworkPolicy from the `POLICY_*` maps and write
+/// `MONITOR_EVENTS` for a listening monitor. Pins of an older release lack the bit and the maps:
+/// the agent then enforces nothing on that network (and says so) until its datapath is reloaded.
+pub const FEATURE_POLICY: u64 = 16;
 
 /// Capacity of `ENDPOINTS`: one entry per pod address on the node. 64 Ki entries of
 /// 20 + 32 bytes cost about 5 MiB of kernel memory, far above kubelet's default of 110 pods.
@@ -76,6 +84,14 @@ pub mod names {
     pub const NAT_SHARES: &str = "NAT_SHARES";
     pub const STACK_EPOCH: &str = "STACK_EPOCH";
     pub const HOST_VETHS: &str = "HOST_VETHS";
+    pub const POLICY_IDENTITIES: &str = "POLICY_IDENTITIES";
+    pub const POLICY_ENDPOINTS: &str = "POLICY_ENDPOINTS";
+    pub const POLICY_RULES: &str = "POLICY_RULES";
+    pub const POLICY_FLOWS: &str = "POLICY_FLOWS";
+    pub const POLICY_COUNTS: &str = "POLICY_COUNTS";
+    pub const MONITOR_EVENTS: &str = "MONITOR_EVENTS";
+    pub const MONITOR_CONTROL: &str = "MONITOR_CONTROL";
+    pub const MONITOR_BUDGET: &str = "MONITOR_BUDGET";
     /// The benchmarks' reference program (`ebpf/src/floor.rs`): never loaded by the plugin.
     pub const FLOOR: &str = "floor";
     /// Its global, a [`crate::FloorTarget`].
@@ -120,6 +136,15 @@ mod pod {
     unsafe impl aya::Pod for crate::IpKey {}
     unsafe impl aya::Pod for crate::Endpoint {}
     unsafe impl aya::Pod for crate::HostVeth {}
+    unsafe impl aya::Pod for crate::PolicyIdentity {}
+    unsafe impl aya::Pod for crate::PolicyEndpoint {}
+    unsafe impl aya::Pod for crate::PolicyRuleKey {}
+    unsafe impl aya::Pod for crate::PolicyRule {}
+    unsafe impl aya::Pod for crate::PolicyFlow {}
+    unsafe impl aya::Pod for crate::PolicyCount {}
+    unsafe impl aya::Pod for crate::MonitorEvent {}
+    unsafe impl aya::Pod for crate::MonitorControl {}
+    unsafe impl aya::Pod for crate::MonitorBudget {}
     unsafe impl aya::Pod for crate::FloorTarget {}
     unsafe impl aya::Pod for crate::Counter {}
     unsafe impl aya::Pod for crate::FlowKey {}

@@ -39,6 +39,8 @@ mod ipv6;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod monitor;
+#[cfg(target_arch = "bpf")]
 mod ndp;
 #[cfg(target_arch = "bpf")]
 mod node_echoes;
