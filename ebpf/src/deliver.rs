@@ -12,7 +12,7 @@ use aya_ebpf::{
 use ebpf_common::{DropReason, ENDPOINT_EGRESS_SHAPED, ENDPOINT_SHAPED, Endpoint, FAST_PATH_MARK, ForwardPath};
 use network_types::eth::EthHdr;
 
-use crate::{maps, packet};
+use crate::{maps, packet, policy};
 
 /// Only valid from a TC ingress hook (the helper's requirement). Counted on `path`.
 #[inline(always)]
@@ -24,6 +24,11 @@ pub fn into_pod(ctx: &TcContext, pod: &Endpoint, path: ForwardPath) -> i32 {
         let via_stack =
             if path == ForwardPath::FromOtherNode { ForwardPath::UplinkToStack } else { ForwardPath::StackFlow };
         return maps::forwarded(ctx, via_stack, packet::PASS);
+    }
+    // NetworkPolicy: the pod's ingress, on every path that delivers here (same node, other
+    // nodes, per-packet Service translation).
+    if !policy::ingress_allowed(ctx, pod.host_ifindex, Some(pod.owner)) {
+        return maps::drop(ctx, DropReason::PolicyDenied);
     }
     // Written in place (direct packet access), not copied to the stack and stored with
     // `bpf_skb_store_bytes`: two fewer copies and a helper call per packet.

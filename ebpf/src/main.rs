@@ -51,6 +51,8 @@ mod packet;
 #[cfg(target_arch = "bpf")]
 mod pod_flows;
 #[cfg(target_arch = "bpf")]
+mod policy;
+#[cfg(target_arch = "bpf")]
 mod port_search;
 #[cfg(target_arch = "bpf")]
 mod rev_snat;

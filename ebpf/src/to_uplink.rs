@@ -11,7 +11,7 @@
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, FAST_PATH_MARK, ForwardPath, IpKey, ipv4_in_16};
 
-use crate::{config, flow, fragments, icmp_error, maps, node_echoes, packet, snat, stack_epoch, steer};
+use crate::{config, flow, fragments, icmp_error, maps, node_echoes, packet, policy, snat, stack_epoch, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -39,6 +39,10 @@ pub fn egress(ctx: &TcContext) -> i32 {
         return packet::PASS;
     }
     let Some(pod) = maps::ENDPOINTS.get_ptr_mut(&IpKey::v4(src)) else { return packet::PASS };
+    // NetworkPolicy: the pod's egress, after the stack's translation (`policy/`).
+    if !policy::forwarded_egress_allowed(ctx) {
+        return maps::drop(ctx, DropReason::PolicyDenied);
+    }
     let flow = match flow::Flow::parse(ctx) {
         Ok(flow) => flow,
         // Inside the cluster nothing is translated: fragments and other protocols go as they are.
