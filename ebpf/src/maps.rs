@@ -101,6 +101,11 @@ pub static POLICY_RULES: LpmTrie<PolicyRuleKey, PolicyRule, { POLICY_RULES_MAX_E
 #[btf_map]
 pub static POLICY_FLOWS: LruHashMap<FlowKey, PolicyFlow, { POLICY_FLOWS_MAX_ENTRIES as usize }> = LruHashMap::new();
 
+/// The policy check's working memory (`policy/scratch.rs`), per CPU. Not pinned: nothing
+/// outside this program run reads it.
+#[btf_map]
+pub static POLICY_SCRATCH: PerCpuArray<crate::policy::scratch::Scratch, 1> = PerCpuArray::new();
+
 /// Flows allowed and denied per policy slot, per CPU.
 #[btf_map]
 pub static POLICY_COUNTS: PerCpuArray<PolicyCount, { POLICY_SLOTS as usize }> = PerCpuArray::new();

@@ -11,13 +11,13 @@
 //! TCP after a FIN or RST 122 s, UDP 180 s, ICMP and the rest 60 s. An entry older than that is
 //! no entry: the 5-tuple's next packet is judged again. The LRU forgets the least recently used
 //! when full; the next packet of such a flow is judged again too (`verdict.rs`).
-use aya_ebpf::bindings::BPF_ANY;
+use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns};
 use ebpf_common::{
     FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_FIN_NS, FLOW_TIMEOUT_TCP_NS, FLOW_TIMEOUT_UDP_NS, FlowKey,
     POLICY_FLOW_CLOSING, POLICY_FLOW_ORIGINAL, PolicyFlow,
 };
 
-use super::tuple::Tuple;
+use super::{scratch::Scratch, tuple};
 use crate::{
     flow::{PROTO_TCP, PROTO_UDP},
     maps,
@@ -63,13 +63,15 @@ pub unsafe fn touch(entry: *mut PolicyFlow, now: u64, closes: bool) {
 }
 
 /// Records that `side` (`POLICY_FLOW_OPENER_OK` or `POLICY_FLOW_RESPONDER_OK`) allowed the
-/// flow of `tuple`, whose packet is the opener's (`original`) or a reply. An entry of the same
+/// flow of `s.key`, whose packet is the opener's (`original`) or a reply. An entry of the same
 /// flow in the same orientation keeps the other side's bit; anything else is replaced.
 #[inline(always)]
-pub fn remember(tuple: &mut Tuple, original: bool, side: u32, owner: u64, slot: u32, now: u64) {
+pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
     let own_flag = if original { POLICY_FLOW_ORIGINAL } else { 0 };
     let mut kept = 0;
-    if let Some(entry) = live(&tuple.key, now) {
+    if let Some(entry) = live(&s.key, now) {
         // SAFETY: an LRU value, valid while this program runs.
         let flags = unsafe { (*entry).flags };
         if flags & POLICY_FLOW_ORIGINAL == own_flag {
@@ -77,16 +79,14 @@ pub fn remember(tuple: &mut Tuple, original: bool, side: u32, owner: u64, slot: 
         }
     }
     // A SYN starts the connection again: not closing any more.
-    if tuple.opens() {
+    if tuple::opens(s) {
         kept &= !POLICY_FLOW_CLOSING;
     }
     let flags = kept | side;
-    let mut entry = PolicyFlow { last_seen_ns: now, owner, slot, flags: flags | own_flag };
-    let _ = maps::POLICY_FLOWS.insert(&tuple.key, &entry, u64::from(BPF_ANY));
-    // The reply's key made in place, not beside it: the check's frame is nearly all of what
-    // `from_pod` leaves of the stack.
-    entry.flags = flags | (POLICY_FLOW_ORIGINAL ^ own_flag);
-    tuple.turn();
-    let _ = maps::POLICY_FLOWS.insert(&tuple.key, &entry, u64::from(BPF_ANY));
-    tuple.turn();
+    s.flow = PolicyFlow { last_seen_ns: now, owner: s.subject.owner, slot, flags: flags | own_flag };
+    let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
+    s.flow.flags = flags | (POLICY_FLOW_ORIGINAL ^ own_flag);
+    tuple::turn(s);
+    let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
+    tuple::turn(s);
 }

@@ -15,6 +15,7 @@
 mod flows;
 mod identity;
 mod rules;
+pub mod scratch;
 pub mod subject;
 mod tuple;
 pub mod verdict;
@@ -56,5 +57,37 @@ pub fn forwarded_egress_allowed(ctx: &TcContext) -> bool {
     match subject::of_veth(arrived_on, None) {
         Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_EGRESS),
         None => true,
+    }
+}
+
+/// A verdict beside the TC actions, from the per-packet Service programs' deep frames: the
+/// packet is translated, to a local backend some policy isolates, whose check the frame has no
+/// stack left for. The program's entry delivers it ([`after_translation`]).
+pub const DEFERRED: i32 = i32::MIN + 2;
+
+/// At a Service program's entry: a [`DEFERRED`] packet delivered into its backend, checked.
+#[inline(always)]
+pub fn after_translation(ctx: &TcContext, verdict: i32) -> i32 {
+    if verdict == DEFERRED { deliver_translated(ctx) } else { verdict }
+}
+
+#[inline(never)]
+fn deliver_translated(ctx: &TcContext) -> i32 {
+    use ebpf_common::{DropReason, ForwardPath, IpKey};
+    let key = if crate::flow::is_ipv6(ctx) {
+        let Ok(dst) = ctx.load::<[u8; 16]>(network_types::eth::EthHdr::LEN + 24) else {
+            return crate::maps::drop(ctx, DropReason::Malformed);
+        };
+        IpKey::v6(dst)
+    } else {
+        let Ok((_, dst)) = crate::flow::addresses(ctx) else {
+            return crate::maps::drop(ctx, DropReason::Malformed);
+        };
+        IpKey::v4(dst)
+    };
+    match crate::maps::endpoint(&key) {
+        Some(pod) => crate::deliver::into_pod(ctx, &pod, ForwardPath::ServiceTranslated),
+        // Gone since: nowhere to deliver.
+        None => crate::maps::drop(ctx, DropReason::NotAPod),
     }
 }

@@ -2,7 +2,7 @@
 //! its host veth's ifindex. A slot of another veth or another attachment (a deleted pod's, not
 //! yet rewritten) is not the pod's: not isolated. A pod in no policy's scope has flags 0 and
 //! pays this one array read, which the verifier turns into an address computation.
-use ebpf_common::{POLICY_EGRESS_ISOLATED, POLICY_INGRESS_ISOLATED, PolicyEndpoint, host_veth_slot};
+use ebpf_common::{PolicyEndpoint, host_veth_slot};
 
 use crate::maps;
 
@@ -12,28 +12,6 @@ use crate::maps;
 #[derive(Clone, Copy)]
 pub struct Subject {
     pub endpoint: &'static PolicyEndpoint,
-}
-
-impl Subject {
-    #[inline(always)]
-    pub fn isolated(&self, direction: u8) -> bool {
-        let bit = if direction == ebpf_common::POLICY_DIRECTION_INGRESS {
-            POLICY_INGRESS_ISOLATED
-        } else {
-            POLICY_EGRESS_ISOLATED
-        };
-        self.endpoint.flags & bit != 0
-    }
-
-    /// The `POLICY_COUNTS` slot a denied flow that way is counted on.
-    #[inline(always)]
-    pub fn denied_slot(&self, direction: u8) -> u32 {
-        if direction == ebpf_common::POLICY_DIRECTION_INGRESS {
-            self.endpoint.ingress_slot
-        } else {
-            self.endpoint.egress_slot
-        }
-    }
 }
 
 /// The pod behind host veth `ifindex`, if some policy isolates it. `owner`, when known (the

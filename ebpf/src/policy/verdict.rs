@@ -14,76 +14,98 @@
 //! forged ACK creates nothing. UDP is judged in its own direction only: any datagram may open.
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
 use ebpf_common::{
-    MONITOR_POLICY_ALLOWED, MONITOR_POLICY_DENIED, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
+    IDENTITY_HOST, MONITOR_POLICY_ALLOWED, MONITOR_POLICY_DENIED, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
     POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_FLOW_RESPONDER_OK,
 };
 
-use super::{Subject, flows, identity, rules, tuple};
+use super::{Subject, flows, identity, rules, scratch, scratch::Scratch, tuple};
 use crate::{maps, monitor};
 
 /// Whether the packet in `ctx` may go out of (`POLICY_DIRECTION_EGRESS`) or into the pod
 /// `subject`. A denied one is counted on the policy's slot and reported; the caller drops it
 /// (`DropReason::PolicyDenied`). Not inlined: the programs' fast paths stay as they were for
-/// pods no policy isolates, and the check has its own frame.
+/// pods no policy isolates.
 #[inline(never)]
 pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8) -> bool {
-    // Not IP: the callers' other checks see to it.
-    let Some(mut tuple) = tuple::parse(ctx) else { return true };
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !tuple.opens()
-        && let Some(entry) = flows::live(&tuple.key, now)
-    {
-        // SAFETY: an LRU value, valid while this program runs.
-        let flags = unsafe { (*entry).flags };
-        // The opener's side for a packet out of the opener or into it; the responder's else.
-        let original = flags & POLICY_FLOW_ORIGINAL != 0;
-        let needed = if (direction == POLICY_DIRECTION_EGRESS) == original {
-            POLICY_FLOW_OPENER_OK
-        } else {
-            POLICY_FLOW_RESPONDER_OK
-        };
-        if flags & needed != 0 {
-            // SAFETY: as above.
-            unsafe { flows::touch(entry, now, tuple.closes()) };
-            return true;
-        }
+    // Always there (an array's slot 0); without it nothing could be judged: denied.
+    let Some(s) = scratch::get() else { return false };
+    // SAFETY: this CPU's scratch value, used by this program run alone.
+    let s = unsafe { &mut *s };
+    // Not IP, or neighbour discovery: the callers' other checks see to it.
+    if !tuple::parse(ctx, s) {
+        return true;
     }
-    judge(ctx, &mut tuple, subject, direction, now)
+    s.subject = *subject.endpoint;
+    s.direction = direction;
+    if cached(s) {
+        return true;
+    }
+    judge(ctx, s)
 }
 
-/// A new flow's verdict (see the module's comment); remembers an allowed one.
+/// Whether a live entry of the packet's key has the bit this check needs; one that has lives on.
 #[inline(always)]
-fn judge(ctx: &TcContext, tuple: &mut tuple::Tuple, subject: &Subject, direction: u8, now: u64) -> bool {
-    let egress = direction == POLICY_DIRECTION_EGRESS;
-    let other = if egress { POLICY_DIRECTION_INGRESS } else { POLICY_DIRECTION_EGRESS };
-    let key = &tuple.key;
-    let ep = subject.endpoint;
-    // As the opener's packet: the subject opens (egress) or is opened to (ingress).
-    let (mut verdict, mut original) = if subject.isolated(direction) {
-        let peer = identity::of(key, !egress);
-        (rules::allowing(ep.identity, peer, direction, key.protocol, key.dst_port), true)
+fn cached(s: &mut Scratch) -> bool {
+    if tuple::opens(s) {
+        return false;
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(entry) = flows::live(&s.key, now) else { return false };
+    // SAFETY: an LRU value, valid while this program runs.
+    let flags = unsafe { (*entry).flags };
+    // The opener's side for a packet out of the opener or into it; the responder's else.
+    let original = flags & POLICY_FLOW_ORIGINAL != 0;
+    let needed = if (s.direction == POLICY_DIRECTION_EGRESS) == original {
+        POLICY_FLOW_OPENER_OK
     } else {
-        (Some(0), true)
+        POLICY_FLOW_RESPONDER_OK
     };
-    if verdict.is_none() && tuple.mid_stream() && subject.isolated(other) {
-        let peer = identity::of(key, !egress);
-        verdict = rules::allowing(ep.identity, peer, other, key.protocol, key.src_port);
+    if flags & needed == 0 {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { flows::touch(entry, now, tuple::closes(s)) };
+    true
+}
+
+/// A new flow's verdict (see the module's comment); remembers an allowed one. This node's own
+/// addresses (`IDENTITY_HOST`: kubelet's probes) are always allowed in.
+#[inline(always)]
+fn judge(ctx: &TcContext, s: &mut Scratch) -> bool {
+    let direction = s.direction;
+    let egress = direction == POLICY_DIRECTION_EGRESS;
+    let isolated = s.isolated(direction);
+    let mut original = true;
+    // As the opener's packet: the subject opens (egress) or is opened to (ingress).
+    let mut verdict = Some(0);
+    if isolated {
+        let peer = identity::of(s, !egress);
+        verdict = if !egress && peer == IDENTITY_HOST {
+            Some(0)
+        } else {
+            rules::allowing(s, peer, direction, s.key.dst_port)
+        };
+    }
+    let other = if egress { POLICY_DIRECTION_INGRESS } else { POLICY_DIRECTION_EGRESS };
+    if verdict.is_none() && tuple::mid_stream(s) && s.isolated(other) {
+        let peer = identity::of(s, !egress);
+        verdict = rules::allowing(s, peer, other, s.key.src_port);
         original = false;
     }
     let Some(slot) = verdict else {
-        let slot = subject.denied_slot(direction);
+        let slot = s.denied_slot();
         count(slot, false);
-        monitor::verdict(ctx, MONITOR_POLICY_DENIED, direction, slot, ep.ifindex, key);
+        monitor::verdict(ctx, MONITOR_POLICY_DENIED, s.direction, slot, s.subject.ifindex, &s.key);
         return false;
     };
+    if isolated {
+        count(slot, true);
+        monitor::verdict(ctx, MONITOR_POLICY_ALLOWED, s.direction, slot, s.subject.ifindex, &s.key);
+    }
     // The subject's own side: the opener's when it sends the opener's packet or receives a reply.
     let side = if egress == original { POLICY_FLOW_OPENER_OK } else { POLICY_FLOW_RESPONDER_OK };
-    if subject.isolated(direction) || !original {
-        count(slot, true);
-        monitor::verdict(ctx, MONITOR_POLICY_ALLOWED, direction, slot, ep.ifindex, key);
-    }
-    flows::remember(tuple, original, side, ep.owner, slot, now);
+    flows::remember(s, original, side, slot);
     true
 }
 
