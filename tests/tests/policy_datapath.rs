@@ -377,3 +377,41 @@ fn ipv6_flows_are_judged_like_ipv4() {
         tb.del(pod).unwrap();
     }
 }
+
+/// `from_pod`'s own cost per packet (`BPF_PROG_TEST_RUN`, in the kernel), for a pod no policy
+/// isolates and, when the programs have the policy maps, for an isolated pod's cached flow.
+/// A measurement, not a check: `cargo test … -- --ignored --nocapture from_pod_cost`.
+#[test]
+#[ignore = "a measurement"]
+fn from_pod_cost() {
+    let Some(mut tb) = Testbed::for_test("from_pod_cost", "polc", "10.218.0.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let frame = || {
+        let datagram = frames::ipv4_udp(a.ip, b.ip, b"ping");
+        frames::with_checksums([ethernet(a.host_mac, a.pod_mac, 0x0800), datagram].concat())
+    };
+    let per_packet = |tb: &Testbed| {
+        let mut best = Duration::MAX;
+        for _ in 0..7 {
+            let (_, t) = prog_run::time(tb, "from_pod", &a.host_ifname, frame(), 200_000).unwrap();
+            best = best.min(t);
+        }
+        best
+    };
+    println!("from_pod, no policy: {:?}", per_packet(&tb));
+    if !Path::new(&tb.map_pin(names::POLICY_ENDPOINTS)).exists() {
+        return;
+    }
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED | POLICY_INGRESS_ISOLATED, 1, 2);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, None, 3);
+    println!("from_pod, isolated pod, cached flow: {:?}", per_packet(&tb));
+    policy.subject(a.ip, A, 0, 0, 0);
+    println!("from_pod, no policy again: {:?}", per_packet(&tb));
+    drop(policy);
+    tb.del(0).unwrap();
+    tb.del(1).unwrap();
+}

@@ -12,7 +12,7 @@
 //! allowed connection alive after its entry is forgotten; a reply is only ever inferred from
 //! rules the subject has (a direction not isolated infers nothing), so an unallowed peer's
 //! forged ACK creates nothing. UDP is judged in its own direction only: any datagram may open.
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
 use ebpf_common::{
     IDENTITY_HOST, MONITOR_POLICY_ALLOWED, MONITOR_POLICY_DENIED, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
     POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_FLOW_RESPONDER_OK,
@@ -50,7 +50,7 @@ fn cached(s: &mut Scratch) -> bool {
         return false;
     }
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let Some(entry) = flows::live(&s.key, now) else { return false };
     // SAFETY: an LRU value, valid while this program runs.
     let flags = unsafe { (*entry).flags };
