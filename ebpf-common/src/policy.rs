@@ -10,6 +10,9 @@
 //! - `POLICY_ENDPOINTS` (array, slot = `host_veth_slot(host ifindex)`): a local pod as a policy
 //!   subject ([`PolicyEndpoint`]): its identity and whether it is isolated for ingress/egress.
 //!   A slot whose `ifindex`/`owner` differ from the pod's is not the pod's (stale): not isolated.
+//! - `POLICY_ENDPOINTS_BY_IFINDEX` (hash, host ifindex → [`PolicyEndpoint`]): the pods whose
+//!   slot another live pod holds (two ifindexes equal modulo the slots). Looked up only when a
+//!   pod's slot holds another nonzero ifindex, so that such a pod is enforced too.
 //! - `POLICY_RULES` (LPM trie, [`PolicyRuleKey`]): what an isolated subject allows. Looked up
 //!   twice when a flow opens: with the peer's identity and with [`IDENTITY_ANY`].
 //! - `POLICY_FLOWS` (LRU hash, [`crate::FlowKey`] of each direction → [`PolicyFlow`]): the cached
@@ -64,6 +67,10 @@ pub struct PolicyEndpoint {
 }
 
 /// `POLICY_ENDPOINTS` has [`crate::HOST_VETHS_SLOTS`] slots, indexed like `HOST_VETHS`.
+///
+/// Capacity of `POLICY_ENDPOINTS_BY_IFINDEX`: as many pods as the slots, every one of them in
+/// a slot another holds (allocated when inserted: most nodes have a few, or none).
+pub const POLICY_ENDPOINTS_BY_IFINDEX_MAX_ENTRIES: u32 = crate::HOST_VETHS_SLOTS;
 pub const POLICY_DIRECTION_INGRESS: u8 = 0;
 pub const POLICY_DIRECTION_EGRESS: u8 = 1;
 
@@ -117,6 +124,14 @@ pub struct PolicyFlow {
     /// `POLICY_FLOW_*` bits.
     pub flags: u32,
 }
+
+/// `POLICY_FLOWS` keys carry in `FlowKey::pad[0]` which end of the packet the check's pod
+/// (the entry's `owner`) is: each pod's entries are its own, so that two pods of this node on
+/// one flow keep theirs apart, and an entry of another owner (a deleted pod's, whose address a
+/// new pod got) is no entry. The check's pod sends the packet (egress checks).
+pub const POLICY_FLOW_KEY_SUBJECT_SENDS: u8 = 1;
+/// The check's pod receives the packet (ingress checks).
+pub const POLICY_FLOW_KEY_SUBJECT_RECEIVES: u8 = 2;
 
 /// [`PolicyFlow::flags`]: this key is the direction of the flow's opener.
 pub const POLICY_FLOW_ORIGINAL: u32 = 1;

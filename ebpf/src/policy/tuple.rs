@@ -4,7 +4,7 @@
 //! port, reply: destination port); anything else, and a later fragment, has ports 0 (rules
 //! with ports never allow it).
 use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
-use ebpf_common::{FAMILY_IPV4, FAMILY_IPV6};
+use ebpf_common::{FAMILY_IPV4, FAMILY_IPV6, POLICY_FLOW_KEY_SUBJECT_RECEIVES, POLICY_FLOW_KEY_SUBJECT_SENDS};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv6Hdr,
@@ -35,10 +35,17 @@ pub fn closes(s: &Scratch) -> bool {
     s.key.protocol == PROTO_TCP && s.tcp_flags & (TCP_FIN | TCP_RST) != 0
 }
 
-/// Turns the key into the other direction's (twice: back).
+/// Marks the key as the check's pod's: it sends the packet (egress) or receives it.
+#[inline(always)]
+pub fn own(s: &mut Scratch, egress: bool) {
+    s.key.pad[0] = if egress { POLICY_FLOW_KEY_SUBJECT_SENDS } else { POLICY_FLOW_KEY_SUBJECT_RECEIVES };
+}
+
+/// Turns the key into the other direction's (twice: back); the pod's end turns with it.
 #[inline(always)]
 pub fn turn(s: &mut Scratch) {
     let k = &mut s.key;
+    k.pad[0] ^= POLICY_FLOW_KEY_SUBJECT_SENDS ^ POLICY_FLOW_KEY_SUBJECT_RECEIVES;
     core::mem::swap(&mut k.src_port, &mut k.dst_port);
     // Word by word: a swap of the arrays goes through a 16-byte temporary on the stack.
     let (a, b) = ((&raw mut k.src_addr).cast::<u32>(), (&raw mut k.dst_addr).cast::<u32>());

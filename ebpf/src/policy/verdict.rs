@@ -37,6 +37,7 @@ pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8) -> bool {
     }
     s.subject = *subject.endpoint;
     s.direction = direction;
+    tuple::own(s, direction == POLICY_DIRECTION_EGRESS);
     if cached(s) {
         return true;
     }
@@ -51,7 +52,7 @@ fn cached(s: &mut Scratch) -> bool {
     }
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let Some(entry) = flows::live(&s.key, now) else { return false };
+    let Some(entry) = flows::live(&s.key, now, s.subject.owner) else { return false };
     // SAFETY: an LRU value, valid while this program runs.
     let flags = unsafe { (*entry).flags };
     // The opener's side for a packet out of the opener or into it; the responder's else.
@@ -136,10 +137,12 @@ pub fn note_via_stack(ctx: &TcContext, subject: &Subject) {
         return;
     }
     s.subject = *subject.endpoint;
+    s.direction = POLICY_DIRECTION_EGRESS;
+    tuple::own(s, true);
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     if !tuple::opens(s)
-        && let Some(entry) = flows::live(&s.key, now)
+        && let Some(entry) = flows::live(&s.key, now, s.subject.owner)
     {
         // SAFETY: an LRU value, valid while this program runs.
         unsafe {
