@@ -117,6 +117,13 @@ pub static POLICY_FLOWS: LruHashMap<FlowKey, PolicyFlow, { POLICY_FLOWS_MAX_ENTR
 #[btf_map]
 pub static POLICY_SCRATCH: PerCpuArray<crate::policy::scratch::Scratch, 1> = PerCpuArray::new();
 
+/// Each pod's new `POLICY_FLOWS` entries in the current second (`policy/budget.rs`), by owner.
+/// LRU: a deleted pod's entry is forgotten in time. Not pinned: a reload starting the counts
+/// again costs nothing.
+#[btf_map]
+pub static POLICY_BUDGETS: LruHashMap<u64, crate::policy::budget::Budget, { HOST_VETHS_SLOTS as usize * 2 }> =
+    LruHashMap::new();
+
 /// Flows allowed and denied per policy slot, per CPU.
 #[btf_map]
 pub static POLICY_COUNTS: PerCpuArray<PolicyCount, { POLICY_SLOTS as usize }> = PerCpuArray::new();

@@ -5,6 +5,7 @@
 use std::{
     fs,
     net::{Ipv4Addr, SocketAddrV4},
+    time::Instant,
 };
 
 use ebpf_cni_tests::{
@@ -16,9 +17,10 @@ use ebpf_cni_tests::{
     run_in,
 };
 use ebpf_common::{
-    DropReason, FAMILY_IPV4, FlowKey, HOST_VETHS_SLOTS, POLICY_DIRECTION_INGRESS, POLICY_FLOW_KEY_SUBJECT_RECEIVES,
-    POLICY_FLOW_KEY_SUBJECT_SENDS, POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED,
-    PolicyEndpoint, PolicyFlow, host_veth_slot,
+    DropReason, FAMILY_IPV4, FlowKey, HOST_VETHS_SLOTS, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
+    POLICY_EGRESS_ISOLATED, POLICY_FLOW_KEY_SUBJECT_RECEIVES, POLICY_FLOW_KEY_SUBJECT_SENDS, POLICY_FLOW_OPENER_OK,
+    POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_FLOWS_PER_SECOND, PolicyEndpoint, PolicyFlow,
+    host_veth_slot,
 };
 
 const D: u32 = 259;
@@ -176,6 +178,104 @@ fn a_pod_at_a_deleted_pods_address_inherits_none_of_its_flows() {
     assert_eq!(verdict, TC_ACT_REDIRECT, "the reply to b's own flow was dropped");
     drop(policy);
     for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// A UDP datagram `from` → `to` between the ports given, as `from_pod` gets it from `from`.
+fn udp_ports(from: &Attached, to: Ipv4Addr, ports: (u16, u16)) -> Vec<u8> {
+    let udp = [&ports.0.to_be_bytes()[..], &ports.1.to_be_bytes(), &12u16.to_be_bytes(), &[0, 0], b"flow"].concat();
+    let packet = frames::ipv4(from.ip, to, UDP, &udp);
+    frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
+}
+
+/// One pod opening allowed flows without end has at most `POLICY_NEW_FLOWS_PER_SECOND` of
+/// them remembered per second: the rest still pass (judged packet by packet), and the other
+/// pods' entries stay (a pod cannot cycle the LRU at that rate in less than a minute).
+#[test]
+fn one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache() {
+    let test = "one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache";
+    let Some(mut tb) = Testbed::for_test(test, "polbu", "10.222.0.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    // a and b may send UDP to c, on any port.
+    for (pod, id) in [(a, A), (b, B)] {
+        policy.subject(pod.ip, id, POLICY_EGRESS_ISOLATED, 0, 1);
+        policy.allow(id, C, POLICY_DIRECTION_EGRESS, UDP, None, 2);
+    }
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &b.host_ifname, udp_ports(b, c.ip, (5000, 53)));
+    assert_eq!(verdict, TC_ACT_REDIRECT);
+    let b_flows = policy.flows_of(b.ip);
+    assert_eq!(b_flows, 2, "b's flow: one entry each way");
+
+    let flood = 3 * POLICY_NEW_FLOWS_PER_SECOND as usize;
+    let frames: Vec<Vec<u8>> = (0..flood).map(|i| udp_ports(a, c.ip, (10_000 + i as u16, 53))).collect();
+    let started = Instant::now();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, frames).unwrap();
+    let seconds = started.elapsed().as_secs() + 1;
+    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed flow over the budget was dropped");
+    let a_flows = policy.flows_of(a.ip);
+    let budget = 2 * POLICY_NEW_FLOWS_PER_SECOND as usize * seconds as usize;
+    assert!(a_flows <= budget.min(2 * flood - 2), "a has {a_flows} entries after {flood} flows in {seconds} s");
+    assert!(a_flows >= 2 * POLICY_NEW_FLOWS_PER_SECOND as usize, "a's budget was not used: {a_flows}");
+    assert_eq!(policy.flows_of(b.ip), b_flows, "b's entries went");
+    // Over the budget, a's flows are still judged: one to a peer no rule allows is dropped.
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 53)));
+    assert_eq!(verdict, TC_ACT_SHOT, "a → b: no rule");
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// An ICMP error from `from` to `to` (type, code) quoting `quoted` (an IPv4 packet).
+fn icmp_error(from: &Attached, to: Ipv4Addr, kind: (u8, u8), quoted: &[u8]) -> Vec<u8> {
+    let icmp = [&[kind.0, kind.1, 0, 0, 0, 0, 0x05, 0xdc][..], &quoted[..28]].concat();
+    let packet = frames::ipv4(from.ip, to, 1, &icmp);
+    frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
+}
+
+/// ICMP errors about a flow pass where its replies pass: a port unreachable and a
+/// fragmentation-needed (PMTU discovery) for the flow a opened reach a (isolated for ingress,
+/// nothing allowed in); the same errors about a flow a never opened do not.
+#[test]
+fn icmp_errors_about_an_allowed_flow_pass_and_no_others() {
+    let test = "icmp_errors_about_an_allowed_flow_pass_and_no_others";
+    let Some(mut tb) = Testbed::for_test(test, "polic", "10.223.0.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    // a's datagram to b: a's flow, remembered by a's egress check (not isolated that way).
+    let datagram = udp_ports(a, b.ip, (4000, 53));
+    assert_eq!(prog_run::run(&tb, "from_pod", &a.host_ifname, datagram.clone()).0, TC_ACT_REDIRECT);
+    let quoted = &datagram[14..];
+    for kind in [(3, 3), (3, 4)] {
+        let error = icmp_error(b, a.ip, kind, quoted);
+        assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, error).0, TC_ACT_REDIRECT, "{kind:?} about a's flow");
+    }
+    // About a flow a did not open (other ports; a → c): dropped, and nothing remembered.
+    let before = policy.all_flows().len();
+    let other = udp_ports(a, b.ip, (4001, 53));
+    let to_c = udp_ports(a, c.ip, (4000, 53));
+    for (from, quoted) in [(b, &other[14..]), (c, &to_c[14..])] {
+        let error = icmp_error(from, a.ip, (3, 3), quoted);
+        assert_eq!(
+            prog_run::run(&tb, "from_pod", &from.host_ifname, error).0,
+            TC_ACT_SHOT,
+            "an unrelated error passed"
+        );
+    }
+    assert_eq!(policy.all_flows().len(), before, "an ICMP error created state");
+    drop(policy);
+    for pod in 0..3 {
         tb.del(pod).unwrap();
     }
 }

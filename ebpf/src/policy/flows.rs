@@ -24,7 +24,7 @@ use ebpf_common::{
     POLICY_FLOW_CLOSING, POLICY_FLOW_ORIGINAL, PolicyFlow,
 };
 
-use super::{scratch::Scratch, tuple};
+use super::{budget, scratch::Scratch, tuple};
 use crate::{
     flow::{PROTO_TCP, PROTO_UDP},
     maps,
@@ -78,7 +78,12 @@ pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let own_flag = if original { POLICY_FLOW_ORIGINAL } else { 0 };
     let mut kept = 0;
-    if let Some(entry) = live(&s.key, now, s.subject.owner) {
+    let held = live(&s.key, now, s.subject.owner);
+    // A flow the pod already has (another side's verdict, a SYN again) costs no budget.
+    if held.is_none() && !budget::admit(s.subject.owner, s.direction, now) {
+        return;
+    }
+    if let Some(entry) = held {
         // SAFETY: an LRU value, valid while this program runs.
         let flags = unsafe { (*entry).flags };
         if flags & POLICY_FLOW_ORIGINAL == own_flag {

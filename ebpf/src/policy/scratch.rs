@@ -43,7 +43,9 @@ pub struct Scratch {
     pub tcp_flags: u8,
     /// `POLICY_DIRECTION_INGRESS` or `POLICY_DIRECTION_EGRESS`.
     pub direction: u8,
-    pub pad: [u8; 6],
+    /// The packet is an ICMP error (`tuple::inner` reads the packet it is about).
+    pub icmp_error: u8,
+    pub pad: [u8; 5],
 }
 
 /// This CPU's scratch value; only this program run uses it.

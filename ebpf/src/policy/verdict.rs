@@ -12,6 +12,9 @@
 //! allowed connection alive after its entry is forgotten; a reply is only ever inferred from
 //! rules the subject has (a direction not isolated infers nothing), so an unallowed peer's
 //! forged ACK creates nothing. UDP is judged in its own direction only: any datagram may open.
+//!
+//! An ICMP error passes where a reply of the flow it quotes would (`tuple::inner`): never
+//! remembered, never opening anything. Others are judged as themselves (ICMP, no ports).
 use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
 use ebpf_common::{
     IDENTITY_HOST, MONITOR_POLICY_ALLOWED, MONITOR_POLICY_DENIED, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
@@ -37,7 +40,17 @@ pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8) -> bool {
     }
     s.subject = *subject.endpoint;
     s.direction = direction;
-    tuple::own(s, direction == POLICY_DIRECTION_EGRESS);
+    let egress = direction == POLICY_DIRECTION_EGRESS;
+    tuple::own(s, egress);
+    // An ICMP error about a flow passes where the flow's replies pass; any other is judged
+    // as itself.
+    if s.icmp_error != 0 {
+        if tuple::inner(ctx, s) && cached(s) {
+            return true;
+        }
+        tuple::parse(ctx, s);
+        tuple::own(s, egress);
+    }
     if cached(s) {
         return true;
     }
