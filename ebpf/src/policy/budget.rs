@@ -10,6 +10,7 @@
 use aya_ebpf::bindings::BPF_NOEXIST;
 use ebpf_common::{POLICY_DIRECTION_EGRESS, POLICY_NEW_FLOWS_PER_SECOND};
 
+use super::scratch::Scratch;
 use crate::maps;
 
 const WINDOW_NS: u64 = 1_000_000_000;
@@ -22,15 +23,17 @@ pub struct Budget {
     pub new_flows: [u32; 2],
 }
 
-/// Whether `owner`'s pod may have one more flow of `direction` remembered now; counts it if so.
-#[inline(always)]
-pub fn admit(owner: u64, direction: u8, now: u64) -> bool {
-    let way = usize::from(direction == POLICY_DIRECTION_EGRESS);
-    let Some(budget) = maps::POLICY_BUDGETS.get_ptr_mut(&owner) else {
-        let mut fresh = Budget { window_start_ns: now, new_flows: [0; 2] };
-        fresh.new_flows[way] = 1;
+/// Whether the subject of `s` may have one more flow of its direction remembered now; counts
+/// it if so. The key and a new value are built in the scratch value (the stack is the callers').
+#[inline(never)]
+pub fn admit(s: &mut Scratch, now: u64) -> bool {
+    let way = usize::from(s.direction == POLICY_DIRECTION_EGRESS);
+    s.budget_owner = s.subject.owner;
+    let Some(budget) = maps::POLICY_BUDGETS.get_ptr_mut(&s.budget_owner) else {
+        s.budget = Budget { window_start_ns: now, new_flows: [0; 2] };
+        s.budget.new_flows[way] = 1;
         // A concurrent insert wins, and this flow goes uncounted.
-        let _ = maps::POLICY_BUDGETS.insert(&owner, &fresh, u64::from(BPF_NOEXIST));
+        let _ = maps::POLICY_BUDGETS.insert(&s.budget_owner, &s.budget, u64::from(BPF_NOEXIST));
         return true;
     };
     // SAFETY: an LRU value, valid while this program runs.

@@ -74,30 +74,36 @@ pub unsafe fn touch(entry: *mut PolicyFlow, now: u64, closes: bool) {
 /// flow in the same orientation keeps the other side's bit; anything else is replaced.
 #[inline(always)]
 pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
+    // Kept in the scratch value across the helper calls, not in registers that would spill
+    // onto the callers' stack.
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let own_flag = if original { POLICY_FLOW_ORIGINAL } else { 0 };
-    let mut kept = 0;
-    let held = live(&s.key, now, s.subject.owner);
-    // A flow the pod already has (another side's verdict, a SYN again) costs no budget.
-    if held.is_none() && !budget::admit(s.subject.owner, s.direction, now) {
-        return;
-    }
-    if let Some(entry) = held {
-        // SAFETY: an LRU value, valid while this program runs.
-        let flags = unsafe { (*entry).flags };
-        if flags & POLICY_FLOW_ORIGINAL == own_flag {
-            kept = flags & !POLICY_FLOW_ORIGINAL;
+    s.flow = PolicyFlow {
+        last_seen_ns: unsafe { bpf_ktime_get_coarse_ns() },
+        owner: s.subject.owner,
+        slot,
+        flags: side | if original { POLICY_FLOW_ORIGINAL } else { 0 },
+    };
+    match live(&s.key, s.flow.last_seen_ns, s.subject.owner) {
+        Some(entry) => {
+            // SAFETY: an LRU value, valid while this program runs.
+            let flags = unsafe { (*entry).flags };
+            if flags & POLICY_FLOW_ORIGINAL == s.flow.flags & POLICY_FLOW_ORIGINAL {
+                s.flow.flags |= flags;
+            }
+        }
+        // A flow the pod already has (another side's verdict, a SYN again) costs no budget.
+        None => {
+            if !budget::admit(s, s.flow.last_seen_ns) {
+                return;
+            }
         }
     }
     // A SYN starts the connection again: not closing any more.
     if tuple::opens(s) {
-        kept &= !POLICY_FLOW_CLOSING;
+        s.flow.flags &= !POLICY_FLOW_CLOSING;
     }
-    let flags = kept | side;
-    s.flow = PolicyFlow { last_seen_ns: now, owner: s.subject.owner, slot, flags: flags | own_flag };
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
-    s.flow.flags = flags | (POLICY_FLOW_ORIGINAL ^ own_flag);
+    s.flow.flags ^= POLICY_FLOW_ORIGINAL;
     tuple::turn(s);
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
     tuple::turn(s);

@@ -40,21 +40,36 @@ pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8) -> bool {
     }
     s.subject = *subject.endpoint;
     s.direction = direction;
-    let egress = direction == POLICY_DIRECTION_EGRESS;
-    tuple::own(s, egress);
-    // An ICMP error about a flow passes where the flow's replies pass; any other is judged
-    // as itself.
+    tuple::own(s, direction == POLICY_DIRECTION_EGRESS);
+    // An ICMP error about a flow passes where the flow's replies pass (keyed as one); any
+    // other is judged as itself. A quote that cannot be read keys nothing (family 0).
     if s.icmp_error != 0 {
-        if tuple::inner(ctx, s) && cached(s) {
-            return true;
-        }
-        tuple::parse(ctx, s);
-        tuple::own(s, egress);
+        quote(ctx, s);
     }
     if cached(s) {
         return true;
     }
+    if s.icmp_error != 0 {
+        unquote(ctx, s);
+    }
     judge(ctx, s)
+}
+
+/// Keys an ICMP error as a reply of the flow it quotes; one whose quote cannot be read keys
+/// nothing (family 0). Not inlined, nor [`unquote`]: `from_pod`'s frame leaves `allows` 64
+/// bytes of stack, and these calls take none.
+#[inline(never)]
+fn quote(ctx: &TcContext, s: &mut Scratch) {
+    if !tuple::inner(ctx, s) {
+        s.key.family = 0;
+    }
+}
+
+/// The ICMP error's own key again, to be judged as itself.
+#[inline(never)]
+fn unquote(ctx: &TcContext, s: &mut Scratch) {
+    tuple::parse(ctx, s);
+    tuple::own(s, s.direction == POLICY_DIRECTION_EGRESS);
 }
 
 /// Whether a live entry of the packet's key has the bit this check needs; one that has lives on.
