@@ -3,9 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ebpf_common::{
-    IDENTITY_ANY, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED, POLICY_IDENTITIES_MAX_ENTRIES,
-    POLICY_INGRESS_ISOLATED, POLICY_RULE_ANY_PORT_BITS, POLICY_RULE_ANY_PROTOCOL_BITS, POLICY_RULE_FULL_BITS,
-    POLICY_RULES_MAX_ENTRIES, PolicyEndpoint, PolicyRuleKey, host_veth_slot,
+    IDENTITY_ANY, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED,
+    POLICY_IDENTITIES_MAX_ENTRIES, POLICY_INGRESS_ISOLATED, POLICY_RULE_ANY_PORT_BITS, POLICY_RULE_ANY_PROTOCOL_BITS,
+    POLICY_RULE_FULL_BITS, POLICY_RULES_MAX_ENTRIES, PolicyEndpoint, PolicyRuleKey, host_veth_slot,
 };
 
 use super::{
@@ -81,6 +81,7 @@ struct Subject<'a> {
 
 impl Compiler {
     /// The `POLICY_COUNTS` slot of a policy (0: none).
+    #[cfg(test)]
     pub fn slot(&self, namespace: &str, name: &str) -> u32 {
         self.slots.get(namespace, name)
     }
@@ -91,10 +92,6 @@ impl Compiler {
 
     pub fn take_new_slots(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.new_slots)
-    }
-
-    pub fn interned(&self) -> usize {
-        self.interner.len()
     }
 
     pub fn compile(&mut self, input: &Input) -> Compiled {
@@ -121,13 +118,20 @@ impl Compiler {
             if !input.pods.values().any(|p| selects(&p.namespace, &p.labels)) {
                 unmatched.push(format!("{}/{}", policy.namespace, policy.name));
             }
-            let chosen: Vec<usize> = (0..subjects.len()).filter(|i| selects(subjects[*i].namespace, subjects[*i].labels)).collect();
+            let chosen: Vec<usize> =
+                (0..subjects.len()).filter(|i| selects(subjects[*i].namespace, subjects[*i].labels)).collect();
             if chosen.is_empty() {
                 continue;
             }
-            for (direction, rules_of) in [(POLICY_DIRECTION_INGRESS, &policy.ingress), (POLICY_DIRECTION_EGRESS, &policy.egress)] {
+            for (direction, rules_of) in
+                [(POLICY_DIRECTION_INGRESS, &policy.ingress), (POLICY_DIRECTION_EGRESS, &policy.egress)]
+            {
                 let Some(policy_rules) = rules_of else { continue };
-                let flag = if direction == POLICY_DIRECTION_INGRESS { POLICY_INGRESS_ISOLATED } else { POLICY_EGRESS_ISOLATED };
+                let flag = if direction == POLICY_DIRECTION_INGRESS {
+                    POLICY_INGRESS_ISOLATED
+                } else {
+                    POLICY_EGRESS_ISOLATED
+                };
                 for &i in &chosen {
                     let subject = &mut subjects[i];
                     subject.flags |= flag;
@@ -165,7 +169,8 @@ impl Compiler {
         for (key, pod) in &input.pods {
             let Some(local) = pod.ips.iter().find_map(|ip| input.locals.get(ip)) else { continue };
             let Some(ids) = table.pods.get(key) else { continue };
-            let Some(identity) = pod.ips.iter().find_map(|ip| ids.iter().find(|(a, _)| a == ip).map(|(_, id)| *id)) else {
+            let Some(identity) = pod.ips.iter().find_map(|ip| ids.iter().find(|(a, _)| a == ip).map(|(_, id)| *id))
+            else {
                 continue;
             };
             let (namespace, labels, ports) = (pod.namespace.as_str(), &pod.labels, &pod.ports);
@@ -194,7 +199,10 @@ fn endpoints(subjects: &[Subject<'_>], problems: &mut Vec<String>) -> BTreeMap<u
             Some(held) if held.ifindex == entry.ifindex => {}
             Some(held) => {
                 let lost = held.ifindex.min(entry.ifindex);
-                problems.push(format!("host veths {} and {} share POLICY_ENDPOINTS slot {slot}: ifindex {lost} is not enforced", held.ifindex, entry.ifindex));
+                problems.push(format!(
+                    "host veths {} and {} share POLICY_ENDPOINTS slot {slot}: ifindex {lost} is not enforced",
+                    held.ifindex, entry.ifindex
+                ));
                 if entry.ifindex > held.ifindex {
                     out.insert(slot, entry);
                 }

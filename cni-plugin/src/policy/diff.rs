@@ -40,15 +40,11 @@ impl Changes {
         }
     }
 
-    /// Everything of `new`, as if the maps were empty.
-    pub fn all(new: &Compiled) -> Self {
-        Self::between(&Compiled::default(), new)
-    }
-
     pub fn len(&self) -> usize {
         self.identities.len() + self.endpoints.len() + self.rules.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -54,10 +54,6 @@ impl Interner {
     fn keep(&mut self, used: &HashSet<u32>) {
         self.numbers.retain(|_, n| used.contains(n));
     }
-
-    pub fn len(&self) -> usize {
-        self.numbers.len()
-    }
 }
 
 /// One identity the rules may name as a peer.
@@ -97,7 +93,8 @@ pub fn build(input: &Input, blocks: &BTreeSet<Block>, interner: &mut Interner, p
             keyed.entry(IdentityKey { pod: Some(part.clone()), blocks: in_blocks(&host) }).or_default().push(host);
         }
     }
-    let regions = blocks.iter().flat_map(Block::boundaries).chain([Prefix::everything(false), Prefix::everything(true)]);
+    let regions =
+        blocks.iter().flat_map(Block::boundaries).chain([Prefix::everything(false), Prefix::everything(true)]);
     for region in regions.collect::<BTreeSet<_>>() {
         keyed.entry(IdentityKey { pod: None, blocks: in_blocks(&region) }).or_default().push(region);
     }

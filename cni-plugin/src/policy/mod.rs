@@ -20,7 +20,7 @@ mod spec;
 mod tests;
 
 pub use compile::{Compiled, Compiler, RuleKey};
-pub use diff::{Changes, MapChanges};
+pub use diff::Changes;
 pub use input::{Input, InputFile, Local};
 pub use names::{DEFAULT_PATH as DEFAULT_NAMES_PATH, Names};
 pub use prefix::Prefix;

@@ -35,7 +35,8 @@ impl Names {
             .known
             .iter()
             .map(|k| {
-                let (namespace, labels) = k.pod.as_ref().map(|p| (p.namespace.clone(), p.labels.clone())).unwrap_or_default();
+                let (namespace, labels) =
+                    k.pod.as_ref().map(|p| (p.namespace.clone(), p.labels.clone())).unwrap_or_default();
                 (k.id.to_string(), IdentityName { namespace, labels })
             })
             .collect();

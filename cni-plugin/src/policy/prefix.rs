@@ -30,15 +30,19 @@ impl Prefix {
 
     /// `0.0.0.0/0` or `::/0`.
     pub fn everything(v6: bool) -> Self {
-        let addr: IpAddr = if v6 { std::net::Ipv6Addr::UNSPECIFIED.into() } else { std::net::Ipv4Addr::UNSPECIFIED.into() };
+        let addr: IpAddr =
+            if v6 { std::net::Ipv6Addr::UNSPECIFIED.into() } else { std::net::Ipv4Addr::UNSPECIFIED.into() };
         Self { addr, bits: 0 }
     }
 
     /// Whether every address of `other` is in this prefix.
     pub fn contains(&self, other: &Prefix) -> bool {
-        self.addr.is_ipv4() == other.addr.is_ipv4() && self.bits <= other.bits && mask(other.addr, self.bits) == self.addr
+        self.addr.is_ipv4() == other.addr.is_ipv4()
+            && self.bits <= other.bits
+            && mask(other.addr, self.bits) == self.addr
     }
 
+    #[cfg(test)]
     pub fn contains_addr(&self, addr: IpAddr) -> bool {
         self.contains(&Prefix::host(addr))
     }

@@ -109,11 +109,9 @@ mod tests {
 
     #[test]
     fn invalid_selectors_are_refused() {
-        for bad in [
-            expression("app", "In", &[]),
-            expression("app", "Exists", &["x"]),
-            expression("app", "Equals", &["x"]),
-        ] {
+        for bad in
+            [expression("app", "In", &[]), expression("app", "Exists", &["x"]), expression("app", "Equals", &["x"])]
+        {
             let s = LabelSelector { match_expressions: Some(vec![bad]), match_labels: None };
             assert!(Selector::parse(&s).is_err());
         }

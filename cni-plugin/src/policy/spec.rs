@@ -25,7 +25,10 @@ pub struct Rule {
 }
 
 pub enum Peer {
-    Pods { namespaces: Namespaces, pods: Selector },
+    Pods {
+        namespaces: Namespaces,
+        pods: Selector,
+    },
     Block(Block),
     /// An invalid peer: matches no one.
     Nothing,
@@ -126,7 +129,10 @@ fn peer(peer: &NetworkPolicyPeer, namespace: &str, problem: &mut impl FnMut(Stri
             match (cidr, except) {
                 (Some(cidr), Some(except)) => Peer::Block(Block { cidr, except }),
                 _ => {
-                    problem(format!("ipBlock {:?} except {:?} is invalid: it matches nothing", block.cidr, block.except));
+                    problem(format!(
+                        "ipBlock {:?} except {:?} is invalid: it matches nothing",
+                        block.cidr, block.except
+                    ));
                     Peer::Nothing
                 }
             }

@@ -6,7 +6,8 @@ use super::{TCP, World};
 #[test]
 fn an_invalid_subject_selector_ignores_the_policy() {
     let mut w = World::xyz();
-    let spec = json!({"podSelector": {"matchExpressions": [{"key": "pod", "operator": "Bogus"}]}, "policyTypes": ["Ingress"]});
+    let spec =
+        json!({"podSelector": {"matchExpressions": [{"key": "pod", "operator": "Bogus"}]}, "policyTypes": ["Ingress"]});
     w.add("x", "bad", spec);
     w.check(TCP, 80, |_, _| true);
     assert_eq!(w.out.problems.len(), 1, "{:?}", w.out.problems);

@@ -147,17 +147,13 @@ impl World {
     /// Whether a new flow `from` → `to` is allowed, as the datapath would judge it.
     pub fn allows_addr(&self, from: IpAddr, to: IpAddr, protocol: u8, port: u16) -> bool {
         let (src, dst) = (self.identity(from), self.identity(to));
-        if let Some(ep) = self.endpoint(from).filter(|e| e.flags & POLICY_EGRESS_ISOLATED != 0) {
-            if !self.hit(ep.identity, dst, POLICY_DIRECTION_EGRESS, protocol, port) {
-                return false;
-            }
+        let egress = self.endpoint(from).filter(|e| e.flags & POLICY_EGRESS_ISOLATED != 0);
+        if egress.is_some_and(|ep| !self.hit(ep.identity, dst, POLICY_DIRECTION_EGRESS, protocol, port)) {
+            return false;
         }
-        if let Some(ep) = self.endpoint(to).filter(|e| e.flags & POLICY_INGRESS_ISOLATED != 0) {
-            if src != IDENTITY_HOST && !self.hit(ep.identity, src, POLICY_DIRECTION_INGRESS, protocol, port) {
-                return false;
-            }
-        }
-        true
+        // The node is always let in (kubelet's probes).
+        let ingress = self.endpoint(to).filter(|e| e.flags & POLICY_INGRESS_ISOLATED != 0 && src != IDENTITY_HOST);
+        ingress.is_none_or(|ep| self.hit(ep.identity, src, POLICY_DIRECTION_INGRESS, protocol, port))
     }
 
     pub fn allows(&self, from: &str, to: &str, protocol: u8, port: u16) -> bool {
@@ -182,7 +178,13 @@ impl World {
                 }
             }
         }
-        assert!(wrong.is_empty(), "proto {protocol} port {port}: {} wrong:\n{}\nproblems: {:?}", wrong.len(), wrong.join("\n"), self.out.problems);
+        assert!(
+            wrong.is_empty(),
+            "proto {protocol} port {port}: {} wrong:\n{}\nproblems: {:?}",
+            wrong.len(),
+            wrong.join("\n"),
+            self.out.problems
+        );
     }
 }
 

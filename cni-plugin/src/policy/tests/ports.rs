@@ -48,9 +48,14 @@ fn named_ingress_port_is_the_subject_s() {
 fn named_egress_port_is_the_peer_s() {
     let mut w = World::xyz();
     // y/b names its port 80 "web" on 8080 instead.
-    let mut pod = super::pod("y", "b", json!({"pod": "b"}), &[&super::v4("y/b").to_string(), &super::v6("y/b").to_string()]);
+    let mut pod =
+        super::pod("y", "b", json!({"pod": "b"}), &[&super::v4("y/b").to_string(), &super::v6("y/b").to_string()]);
     let container = &mut pod.spec.as_mut().unwrap().containers[0];
-    container.ports.as_mut().unwrap().push(serde_json::from_value(json!({"name": "web", "containerPort": 8080})).unwrap());
+    container
+        .ports
+        .as_mut()
+        .unwrap()
+        .push(serde_json::from_value(json!({"name": "web", "containerPort": 8080})).unwrap());
     w.input.apply_pod(&pod);
     let spec = json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Egress"], "egress": [{"ports": [{"port": "web"}]}]});
     w.add("x", "p", spec);

@@ -28,7 +28,8 @@ fn namespace_selector_is_every_pod_there() {
 #[test]
 fn both_in_one_peer_is_and() {
     let mut w = World::xyz();
-    let peer = json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}, "podSelector": {"matchLabels": {"pod": "b"}}}]);
+    let peer =
+        json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}, "podSelector": {"matchLabels": {"pod": "b"}}}]);
     w.add("x", "p", only_a(peer));
     w.check(TCP, 80, |from, to| to != "x/a" || from == "y/b");
 }
@@ -36,7 +37,8 @@ fn both_in_one_peer_is_and() {
 #[test]
 fn separate_peers_are_or() {
     let mut w = World::xyz();
-    let peers = json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}}, {"podSelector": {"matchLabels": {"pod": "b"}}}]);
+    let peers =
+        json!([{"namespaceSelector": {"matchLabels": {"ns": "y"}}}, {"podSelector": {"matchLabels": {"pod": "b"}}}]);
     w.add("x", "p", only_a(peers));
     w.check(UDP, 81, |from, to| to != "x/a" || from.starts_with("y/") || from == "x/b");
 }

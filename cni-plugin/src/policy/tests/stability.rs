@@ -40,7 +40,11 @@ fn a_fresh_compiler_numbers_the_same_input_the_same() {
 fn diff_writes_changed_and_removes_gone() {
     let mut w = World::xyz();
     let empty = w.out.clone();
-    w.add("x", "p", json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {}}]}]}));
+    w.add(
+        "x",
+        "p",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {}}]}]}),
+    );
     let on = w.out.clone();
     let changes = Changes::between(&empty, &on);
     assert_eq!(changes.rules.write.len(), on.rules.len());
