@@ -73,11 +73,14 @@ fn policy_set_writes_what_the_datapath_enforces() {
     assert!(!reaches(&ns[2], at(8080)), "c → b: not a client");
 
     // The same input again: nothing to change.
-    let again = policy_set(&tb, &objects(json!([{
-        "metadata": {"namespace": "x", "name": "web-from-client"},
-        "spec": {"podSelector": {"matchLabels": {"app": "server"}},
-                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": "web"}]}]},
-    }])));
+    let again = policy_set(
+        &tb,
+        &objects(json!([{
+            "metadata": {"namespace": "x", "name": "web-from-client"},
+            "spec": {"podSelector": {"matchLabels": {"app": "server"}},
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": "web"}]}]},
+        }])),
+    );
     assert_eq!(again["changes"], json!(0), "{again}");
 
     // The policy gone: its rules leave the maps, b is open again.

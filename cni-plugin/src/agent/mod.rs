@@ -163,14 +163,8 @@ pub fn run(args: Agent) -> Result<()> {
         let mut feed = kube::Feed::new(target, interval)?;
         let (nodes, updates) = channel();
         feed.watch(nodes, |update| update);
-        let policy = match (network_policy(&args.node_conf), &primary_pins) {
-            (false, _) => None,
-            (true, None) => {
-                log::warn!("network policy: the node file names no primary network: no NetworkPolicy is enforced");
-                None
-            }
-            (true, Some(pins)) => Some(policy::start(&mut feed, pins.clone(), args.policy_names, policy_stats)),
-        };
+        let policy = network_policy(&args.node_conf, &args.bpffs_root)
+            .map(|(root, network)| policy::start(&mut feed, root, network, args.policy_names, policy_stats));
         let services = kube_proxy_replacement
             .then(|| services::start(&mut feed, &args.node, args.services_dump, primary_pins, service_stats));
         feed.start();
@@ -205,14 +199,21 @@ pub fn run(args: Agent) -> Result<()> {
     }
 }
 
-/// The node file's `networkPolicy`: on unless it says false (an unreadable node file is logged
+/// Where NetworkPolicy is enforced: the node file's primary network (its `bpffsRoot`, else
+/// `root`), unless the file says `"networkPolicy": false` (an unreadable node file is logged
 /// where the preload reads it).
-fn network_policy(path: &Path) -> bool {
-    let on = node_conf::NodeConf::load(path).ok().flatten().and_then(|n| n.network_policy).unwrap_or(true);
-    if !on {
+fn network_policy(path: &Path, root: &Path) -> Option<(PathBuf, String)> {
+    let node = node_conf::NodeConf::load(path).ok().flatten();
+    if node.as_ref().and_then(|n| n.network_policy) == Some(false) {
         log::info!("networkPolicy is false in the node file: NetworkPolicy is not enforced");
+        return None;
     }
-    on
+    let Some(network) = node.as_ref().and_then(|n| n.primary_network.clone()) else {
+        log::warn!("network policy: the node file names no primaryNetwork: no NetworkPolicy is enforced");
+        return None;
+    };
+    let root = node.and_then(|n| n.bpffs_root).unwrap_or_else(|| root.to_path_buf());
+    Some((root, network))
 }
 
 /// The node file's `kubeProxyReplacement` (off without a node file, or with one that cannot be

@@ -24,7 +24,7 @@ use super::{
     policy_stats::{PolicyStats, Sizes},
 };
 use crate::{
-    bpf::{Pins, policy_maps},
+    bpf::policy_maps,
     kube::{Feed, Update},
     policy::{self, Compiled, Compiler, Local},
 };
@@ -42,14 +42,22 @@ pub enum Input {
 const RECHECK: Duration = Duration::from_millis(500);
 
 /// Adds the three watches to `feed` and starts the policy thread; its input.
-pub fn start(feed: &mut Feed, pins: Pins, names: PathBuf, stats: Arc<PolicyStats>) -> Sender<Input> {
+/// `root` and `network`: the primary network's pins, whose maps the policies go into.
+pub fn start(
+    feed: &mut Feed,
+    root: PathBuf,
+    network: String,
+    names: PathBuf,
+    stats: Arc<PolicyStats>,
+) -> Sender<Input> {
     let (tx, rx) = channel();
     feed.watch(tx.clone(), |update| Input::Policies(Box::new(update)));
     feed.watch(tx.clone(), |update| Input::Pods(Box::new(update)));
     feed.watch(tx.clone(), |update| Input::Namespaces(Box::new(update)));
     std::thread::spawn(move || {
-        stats.started(Some(pins.clone()));
-        Thread::new(pins, names, stats).run(&rx);
+        let sink = PolicySink::new(&root, &network);
+        stats.started(Some(sink.pins().clone()));
+        Thread::new(sink, names, stats).run(&rx);
     });
     tx
 }
@@ -68,8 +76,7 @@ struct Thread {
 }
 
 impl Thread {
-    fn new(pins: Pins, names_path: PathBuf, stats: Arc<PolicyStats>) -> Self {
-        let sink = PolicySink::new(pins);
+    fn new(sink: PolicySink, names_path: PathBuf, stats: Arc<PolicyStats>) -> Self {
         let (model, compiler, last) = (policy::Input::default(), Compiler::default(), Compiled::default());
         let api_node_addrs = BTreeSet::new();
         Self { model, api_node_addrs, compiler, sink, names_path, stats, listed: [false; 3], last, names_written: None }
@@ -168,6 +175,7 @@ impl Thread {
             log::info!("network policy: {policy} selects no pod");
         }
         let new_slots = self.compiler.take_new_slots();
+        self.stats.started(Some(self.sink.pins().clone()));
         let enforcing = match self.sink.write(&compiled, &new_slots) {
             Written::NotEnforced => false,
             Written::Applied { changes, applied, took } => {

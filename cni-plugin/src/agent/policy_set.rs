@@ -42,7 +42,7 @@ pub fn run(args: PolicySet) -> anyhow::Result<()> {
     for problem in &compiled.problems {
         log::warn!("network policy: {problem}");
     }
-    let mut sink = PolicySink::new(pins);
+    let mut sink = PolicySink::new(&args.bpffs_root, &args.network);
     let Written::Applied { changes, applied, took } = sink.write(&compiled, &compiler.take_new_slots()) else {
         bail!("network {:?}: its datapath was loaded without FEATURE_POLICY: nothing written", args.network);
     };

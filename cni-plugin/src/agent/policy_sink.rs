@@ -2,7 +2,11 @@
 //! alike. The maps come and go with the datapath (the last pod's DEL unloads it, the agent loads
 //! it again, empty): whenever the pins are new the sink reads what they hold and writes the
 //! difference, after that only what changed between two compiles.
-use std::{os::unix::fs::MetadataExt as _, time::Instant};
+use std::{
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use ebpf_common::names;
 
@@ -15,6 +19,9 @@ use crate::{
 };
 
 pub struct PolicySink {
+    root: PathBuf,
+    network: String,
+    /// The network's pins as last found: the layout loaded may change (an upgrade's reload).
     pins: Pins,
     /// The open maps, with the inode of the `POLICY_RULES` pin.
     maps: Option<(PolicyMaps, u64)>,
@@ -36,8 +43,9 @@ pub enum Written {
 }
 
 impl PolicySink {
-    pub fn new(pins: Pins) -> Self {
-        Self { pins, maps: None, written: Compiled::default(), told_off: false }
+    pub fn new(root: &Path, network: &str) -> Self {
+        let (root, network, pins) = (root.to_path_buf(), network.to_string(), Pins::current(root, network));
+        Self { root, network, pins, maps: None, written: Compiled::default(), told_off: false }
     }
 
     pub fn pins(&self) -> &Pins {
@@ -56,6 +64,7 @@ impl PolicySink {
             return true;
         }
         self.maps = None;
+        self.pins = Pins::current(&self.root, &self.network);
         let opened = match PolicyMaps::open(&self.pins) {
             Ok(Some(maps)) => maps.contents().map(|held| (maps, held)),
             Ok(None) => {
@@ -115,8 +124,10 @@ impl PolicySink {
         Written::Applied { changes: changes.len(), applied, took: started.elapsed() }
     }
 
-    /// Whether the maps were replaced (a datapath loaded again) since the last write.
+    /// Whether the maps were replaced (a datapath loaded again, maybe of another layout) since
+    /// the last write.
     pub fn stale(&self) -> bool {
-        self.maps.as_ref().map(|(_, at)| *at) != self.pinned_inode()
+        let now = Pins::current(&self.root, &self.network);
+        now.version() != self.pins.version() || self.maps.as_ref().map(|(_, at)| *at) != self.pinned_inode()
     }
 }

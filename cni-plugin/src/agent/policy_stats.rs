@@ -36,6 +36,7 @@ pub struct Sizes {
 }
 
 impl PolicyStats {
+    /// The thread runs; its counts are read from `pins` (the network's, as last found).
     pub fn started(&self, pins: Option<Pins>) {
         self.running.store(true, Relaxed);
         if let Ok(mut slots) = self.slots.lock() {
