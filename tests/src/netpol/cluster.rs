@@ -366,6 +366,41 @@ impl NetpolCluster {
         (observed, reasons)
     }
 
+    /// How long after the last change one probe (`from` → `to` on `target`) first gave
+    /// `want`, probing every few milliseconds with a short timeout; `None` if not within `limit`.
+    pub fn time_until(
+        &self,
+        from: PodRef,
+        to: PodRef,
+        target: super::model::Target,
+        want: bool,
+        limit: Duration,
+    ) -> Option<Duration> {
+        let probe = Probe {
+            from_netns: self.pods[&from].pod.netns.clone(),
+            to: self.pods[&to].ip(Family::V4),
+            target,
+            tag: to.to_string(),
+        };
+        loop {
+            let got = std::thread::scope(|s| s.spawn(|| probe_once(&probe, Duration::from_millis(100))).join())
+                .is_ok_and(|r| r.is_ok());
+            let at = self.changed_at.elapsed();
+            if got == want {
+                return Some(at);
+            }
+            if at > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether every agent still runs (bad input must not end one).
+    pub fn agents_alive(&mut self) -> bool {
+        self.agents.iter_mut().all(|a| a.child.try_wait().is_ok_and(|status| status.is_none()))
+    }
+
     /// Prints the summary line and every failure; panics if any case failed.
     pub fn finish(self) {
         for line in &self.tally.timings {
