@@ -42,9 +42,12 @@ fn slice(name: &str, backend: SocketAddrV4) -> Value {
             "ports": [{ "name": "http", "port": 80, "protocol": "TCP" }, { "name": "dns", "port": 81, "protocol": "UDP" }] })
 }
 
+/// Which backend answered over TCP and over UDP (`None`: nothing did).
+type Answers = (Option<String>, Option<String>);
+
 /// From `client` through the ClusterIP `vip`: which backend answered over TCP 80 and over UDP 81
 /// (`None`: no answer).
-fn through_service(c: &NetpolCluster, client: PodRef, vip: &str) -> (Option<String>, Option<String>) {
+fn through_service(c: &NetpolCluster, client: PodRef, vip: &str) -> Answers {
     let (cgroup, pod) = (c.cgroup.as_ref().expect("the socket LB's cgroup"), &c.pods[&client].pod);
     let tcp = Client::once(cgroup, pod, &["tcp", vip, "80"]);
     let udp = Client::start(cgroup, pod, &["udp", vip, "81", "3", "0.05"]);
@@ -72,7 +75,7 @@ fn netpol_services() {
         c.check(V4, &direct);
         // Every client through both Services at once (a denied TCP connect waits 3 s).
         let clients = PodRef::all();
-        let results: Vec<(PodRef, &str, (Option<String>, Option<String>))> = std::thread::scope(|s| {
+        let results: Vec<(PodRef, &str, Answers)> = std::thread::scope(|s| {
             let c = &*c;
             let handles: Vec<_> = clients
                 .iter()
