@@ -37,6 +37,17 @@ pub fn egress_allowed(ctx: &TcContext, owner: u64) -> bool {
     }
 }
 
+/// A packet `from_pod` hands the node's stack: an ingress-isolated sender's flow is noted, for
+/// its replies (`verdict::note_via_stack`). Others: one array read.
+#[inline(always)]
+pub fn note_via_stack(ctx: &TcContext, owner: u64) {
+    if let Some(subject) = subject::of_veth(packet::ingress_ifindex(ctx), Some(owner))
+        && subject.endpoint.flags & ebpf_common::POLICY_INGRESS_ISOLATED != 0
+    {
+        verdict::note_via_stack(ctx, &subject);
+    }
+}
+
 /// Whether the packet may go into the pod behind host veth `ifindex` (of attachment `owner`,
 /// when known).
 #[inline(always)]
