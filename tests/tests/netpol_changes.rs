@@ -80,6 +80,27 @@ fn flips_within(c: &NetpolCluster, from: PodRef, to: PodRef, want: bool, what: &
     assert!(took.is_some_and(|t| t <= WITHIN), "{what}: {from} → {to} took {took:?} (more than {WITHIN:?})");
 }
 
+/// Bad input gets a log line: each agent's log names `policy` (`ns/name`) within 2 s.
+fn logged(c: &NetpolCluster, policy: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    for (node, agent) in c.agents.iter().enumerate() {
+        loop {
+            let log = agent.log();
+            if let Some(line) = log.lines().find(|l| l.contains(policy)) {
+                println!("   node {}: {}", node + 1, line.split_once(" ebpf-cni").map_or(line, |(_, rest)| rest));
+                break;
+            }
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {}'s agent logged nothing about {policy}; its last lines: {tail:#?}",
+                node + 1
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 #[test]
 fn netpol_changes() {
     let Some(mut c) = NetpolCluster::for_test("netpol_changes", OPTIONS) else { return };
@@ -181,6 +202,7 @@ fn netpol_changes() {
         ]);
         c.check(V4, &all().deny_to(XA));
         assert!(c.agents_alive(), "an agent ended");
+        logged(c, "x/nobody");
     });
     c.case("bad input: a policy in a namespace that does not exist", |c| {
         c.apply(vec![
@@ -193,6 +215,7 @@ fn netpol_changes() {
         ]);
         c.check(V4, &all().deny_to(XA));
         assert!(c.agents_alive(), "an agent ended");
+        logged(c, "w/deny");
     });
     c.case("bad input: one policy of 10,000 rules", |c| {
         // 9,999 rules that match no pod (addresses outside the cluster, on ports nobody
@@ -211,12 +234,7 @@ fn netpol_changes() {
         )]);
         c.check_within(V4, &all().deny_to(XA).allow_from_ns("y", XA), Duration::from_secs(15));
         assert!(c.agents_alive(), "an agent ended");
-        for (node, agent) in c.agents.iter().enumerate() {
-            let log = agent.log();
-            let lines: Vec<&str> = log.lines().filter(|l| l.contains("policy")).collect();
-            let lines = &lines[lines.len().saturating_sub(3)..];
-            println!("   node {} agent's log on the huge policy: {lines:?}", node + 1);
-        }
+        logged(c, "x/huge");
     });
     c.case("after bad input, a plain policy still applies", |c| {
         c.apply(vec![deny_x()]);
