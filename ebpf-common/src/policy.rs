@@ -156,3 +156,7 @@ pub const POLICY_FLOW_OPENER_OK: u32 = 4;
 /// The responder's side allowed the flow (its ingress, on this node): a packet into the
 /// responder, or out of it (a reply), needs it.
 pub const POLICY_FLOW_RESPONDER_OK: u32 = 8;
+/// An ingress-isolated pod sent the flow's first packet to the node's stack (a Service address
+/// kube-proxy translates, the outside): its replies, translated back by the stack, may come in
+/// (`to_pod`). Not a verdict on the pod's egress: that is taken on the translated packet.
+pub const POLICY_FLOW_VIA_STACK: u32 = 16;

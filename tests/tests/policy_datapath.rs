@@ -377,3 +377,81 @@ fn ipv6_flows_are_judged_like_ipv4() {
         tb.del(pod).unwrap();
     }
 }
+
+/// `from_pod`'s own cost per packet (`BPF_PROG_TEST_RUN`, in the kernel), for a pod no policy
+/// isolates and, when the programs have the policy maps, for an isolated pod's cached flow.
+/// A measurement, not a check: `cargo test … -- --ignored --nocapture from_pod_cost`.
+#[test]
+#[ignore = "a measurement"]
+fn from_pod_cost() {
+    let Some(mut tb) = Testbed::for_test("from_pod_cost", "polc", "10.218.0.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let frame = || {
+        let datagram = frames::ipv4_udp(a.ip, b.ip, b"ping");
+        frames::with_checksums([ethernet(a.host_mac, a.pod_mac, 0x0800), datagram].concat())
+    };
+    let per_packet = |tb: &Testbed| {
+        let mut best = Duration::MAX;
+        for _ in 0..7 {
+            let (_, t) = prog_run::time(tb, "from_pod", &a.host_ifname, frame(), 200_000).unwrap();
+            best = best.min(t);
+        }
+        best
+    };
+    println!("from_pod, no policy: {:?}", per_packet(&tb));
+    if !Path::new(&tb.map_pin(names::POLICY_ENDPOINTS)).exists() {
+        return;
+    }
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED | POLICY_INGRESS_ISOLATED, 1, 2);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, None, 3);
+    println!("from_pod, isolated pod, cached flow: {:?}", per_packet(&tb));
+    policy.subject(a.ip, A, 0, 0, 0);
+    println!("from_pod, no policy again: {:?}", per_packet(&tb));
+    drop(policy);
+    tb.del(0).unwrap();
+    tb.del(1).unwrap();
+}
+
+/// kube-proxy's way (the node's netfilter translates a Service address): the client's egress is
+/// judged against the backend once translated, and its replies, translated back by the stack
+/// (from the Service's address), pass the client's ingress isolation.
+#[test]
+fn a_service_translated_by_the_stack_is_judged_against_its_backend() {
+    let test = "a_service_translated_by_the_stack_is_judged_against_its_backend";
+    let Some(mut tb) = Testbed::for_test(test, "polk", "10.219.0.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let ns: Vec<String> = tb.pods.iter().map(|p| p.netns.name.clone()).collect();
+    let mut servers = Servers::default();
+    servers.tcp(&ns[1], SocketAddrV4::new(b.ip, 8080)).unwrap();
+    servers.tcp(&ns[2], SocketAddrV4::new(c.ip, 8080)).unwrap();
+    run_in(&tb.node.name, "sysctl", &["-qw", "net.ipv4.ip_forward=1"]).unwrap();
+    // Two "Services" as kube-proxy would write them: 10.96.0.10:80 → b:8080, 10.96.0.11:80 → c:8080.
+    for (vip, to) in [("10.96.0.10", b.ip), ("10.96.0.11", c.ip)] {
+        let to = format!("{to}:8080");
+        let rule = ["-t", "nat", "-A", "PREROUTING", "-d", vip, "-p", "tcp", "--dport", "80", "-j", "DNAT"];
+        run_in(&tb.node.name, "iptables", &[&rule[..], &["--to-destination", &to]].concat()).unwrap();
+    }
+    let vip = |last| SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, last), 80);
+    assert!(reaches_tcp(&ns[0], vip(10)), "a → Service → b:8080 without policy");
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    // a: nothing in, out only to b:8080.
+    policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED | POLICY_EGRESS_ISOLATED, 1, 2);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, TCP, Some(8080), 3);
+    assert!(reaches_tcp(&ns[0], vip(10)), "a → Service → b:8080, and the replies from the Service address");
+    let denied = policy.counted(2).1;
+    assert!(!reaches_tcp(&ns[0], vip(11)), "a → Service → c: a's egress allows only b");
+    assert!(policy.counted(2).1 > denied, "the translated packet's denial counted on a's egress slot");
+    drop(servers);
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}

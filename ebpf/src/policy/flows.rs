@@ -11,7 +11,10 @@
 //! TCP after a FIN or RST 122 s, UDP 180 s, ICMP and the rest 60 s. An entry older than that is
 //! no entry: the 5-tuple's next packet is judged again. The LRU forgets the least recently used
 //! when full; the next packet of such a flow is judged again too (`verdict.rs`).
-use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns};
+//!
+//! Times are `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC at the tick's resolution): a fraction
+//! of the precise clock's cost per packet, and ages of seconds need no better.
+use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_coarse_ns};
 use ebpf_common::{
     FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_FIN_NS, FLOW_TIMEOUT_TCP_NS, FLOW_TIMEOUT_UDP_NS, FlowKey,
     POLICY_FLOW_CLOSING, POLICY_FLOW_ORIGINAL, PolicyFlow,
@@ -68,7 +71,7 @@ pub unsafe fn touch(entry: *mut PolicyFlow, now: u64, closes: bool) {
 #[inline(always)]
 pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let own_flag = if original { POLICY_FLOW_ORIGINAL } else { 0 };
     let mut kept = 0;
     if let Some(entry) = live(&s.key, now) {
