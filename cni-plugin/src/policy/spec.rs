@@ -16,6 +16,16 @@ pub struct Policy {
     pub egress: Option<Vec<Rule>>,
 }
 
+impl Policy {
+    /// Its rules' peer × port terms, both directions (an absent list counts as one).
+    pub fn terms(&self) -> usize {
+        let of = |rule: &Rule| {
+            rule.peers.as_ref().map_or(1, |p| p.len().max(1)) * rule.ports.as_ref().map_or(1, |p| p.len().max(1))
+        };
+        self.ingress.iter().chain(&self.egress).flatten().map(of).sum()
+    }
+}
+
 pub struct Rule {
     /// `None`: every peer (`from`/`to` absent or empty).
     pub peers: Option<Vec<Peer>>,

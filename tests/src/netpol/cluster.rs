@@ -120,14 +120,7 @@ impl NetpolCluster {
                 "--interval",
                 "5",
             ];
-            let mut args: Vec<String> = args.iter().map(ToString::to_string).collect();
-            // The names file goes beside the node's data, never to the machine's /run (an
-            // agent built before the flag existed has no names file to write).
-            if takes_flag(&lan.nodes[node].plugin.binary, "--policy-names") {
-                let names = lan.nodes[node].data_dir().with_file_name("policy-names.json");
-                args.extend(["--policy-names".to_string(), names.display().to_string()]);
-            }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            // `RunningAgent::start` puts the policy names file beside the node's data.
             agents.push(RunningAgent::start(&lan.nodes[node], NODE_NAMES[node], &args)?);
         }
         let mut cluster = Self {
@@ -426,12 +419,6 @@ impl NetpolCluster {
             self.tally.summary()
         );
     }
-}
-
-/// Whether `ebpf-cni agent` of `binary` takes `flag`.
-fn takes_flag(binary: &std::path::Path, flag: &str) -> bool {
-    let help = std::process::Command::new(binary).args(["agent", "--help"]).output();
-    help.is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(flag))
 }
 
 /// The node file of `node`: its network is the primary one (what the agent enforces policy
