@@ -50,7 +50,7 @@ const VERIFY_ORDER: [&str; 12] = [
 /// Size of the Service LB's LRU maps on a network without it: a few pages each.
 const UNUSED_LRU_ENTRIES: u32 = 256;
 
-const MAPS: [&str; 22] = [
+const MAPS: [&str; 25] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -73,6 +73,10 @@ const MAPS: [&str; 22] = [
     names::SVC_CLIENTS,
     names::SVC_REJECTS,
     names::SVC_REJECT_PROGS,
+    // `ebpf-cni monitor`'s (new in layout v4's second release: 9ad4fe6's pins lack them).
+    names::MONITOR_EVENTS,
+    names::MONITOR_CONTROL,
+    names::MONITOR_BUDGET,
 ];
 
 impl Datapath {
