@@ -8,9 +8,9 @@ use aya_ebpf::{
 };
 use ebpf_common::{
     Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
-    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, HOST_VETHS_SLOTS, HostVeth, IpKey, MONITOR_EVENTS_BYTES,
-    MonitorBudget, MonitorControl, MonitorEvent, NAT_MAX_ENTRIES, NAT_SHARES_MAX_ENTRIES, NODE_ECHOES_MAX_ENTRIES,
-    NatEntry, POD_FLOWS_MAX_ENTRIES, PodFlows, Share, ShareKey,
+    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, HOST_VETHS_SLOTS, HostVeth, IpKey,
+    MONITOR_EVENTS_BYTES, MonitorBudget, MonitorControl, MonitorEvent, NAT_MAX_ENTRIES, NAT_SHARES_MAX_ENTRIES,
+    NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES, PodFlows, Share, ShareKey,
 };
 
 /// Hash maps whose entries are allocated when inserted: creating a preallocated map of 65,536

@@ -113,11 +113,10 @@ mod tests {
 
     #[test]
     fn a_record_of_the_events_size_parses_and_others_do_not() {
-        let event = MonitorEvent { time_ns: 7, kind: MONITOR_DROP, family: FAMILY_IPV4, reason: 2, ..Default::default() };
+        let event =
+            MonitorEvent { time_ns: 7, kind: MONITOR_DROP, family: FAMILY_IPV4, reason: 2, ..Default::default() };
         // SAFETY: reading the bytes of a plain struct.
-        let bytes = unsafe {
-            std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<MonitorEvent>())
-        };
+        let bytes = unsafe { std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<MonitorEvent>()) };
         assert_eq!(parse(bytes), Some(event));
         assert_eq!(parse(&bytes[1..]), None);
         assert_eq!(reason(&event), Some("spoofed-source"));

@@ -26,12 +26,16 @@ impl Filter {
     pub fn accepts(&self, record: &Record) -> bool {
         let ends = [(&record.pod, record.pod_ip), (&record.peer, record.peer_ip)];
         if let Some(pod) = &self.pod
-            && !ends.iter().any(|(name, ip)| name.as_deref() == Some(pod) || ip.is_some_and(|ip| ip.to_string() == *pod))
+            && !ends
+                .iter()
+                .any(|(name, ip)| name.as_deref() == Some(pod) || ip.is_some_and(|ip| ip.to_string() == *pod))
         {
             return false;
         }
         if let Some(namespace) = &self.namespace
-            && !ends.iter().any(|(name, _)| name.as_deref().and_then(|n| n.split_once('/')).is_some_and(|(ns, _)| ns == namespace))
+            && !ends
+                .iter()
+                .any(|(name, _)| name.as_deref().and_then(|n| n.split_once('/')).is_some_and(|(ns, _)| ns == namespace))
         {
             return false;
         }

@@ -24,8 +24,9 @@ pub fn run(args: Monitor) -> Result<()> {
     // Blocked before anything else, so that SIGINT and SIGTERM reach the reader's signalfd
     // and the control slot is always reset on the way out.
     let signals = reader::Signals::block()?;
-    let mut ring = reader::Ring::open(&pins)?;
+    // The control first: it tells a datapath without the monitor's maps apart.
     let mut control = control::Control::open(&pins)?;
+    let mut ring = reader::Ring::open(&pins)?;
     control.refuse_if_taken()?;
     ring.discard_pending();
     control.start(args.rate)?;

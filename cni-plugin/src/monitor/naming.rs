@@ -93,7 +93,11 @@ impl Names {
         let Some((src, dst)) = addresses else { return (behind.first().copied(), None) };
         if behind.is_empty() {
             // Not a host veth (the uplink): the pod is whichever end is one of this node's.
-            return if self.is_local(dst) { (Some(dst), Some(src)) } else { (self.is_local(src).then_some(src), Some(dst)) };
+            return if self.is_local(dst) {
+                (Some(dst), Some(src))
+            } else {
+                (self.is_local(src).then_some(src), Some(dst))
+            };
         }
         if behind.contains(&dst) {
             return (Some(dst), Some(src));

@@ -95,6 +95,9 @@ mod tests {
         };
         let line = table_line(&record);
         let columns: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(columns, ["01:12:49.123456", "y/b", "ingress", "x/a", "tcp", "40000→80", "denied", "policy-denied", "-"]);
+        assert_eq!(
+            columns,
+            ["01:12:49.123456", "y/b", "ingress", "x/a", "tcp", "40000→80", "denied", "policy-denied", "-"]
+        );
     }
 }
