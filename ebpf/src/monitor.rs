@@ -7,10 +7,10 @@
 //! clock, the per-CPU budget, the ring buffer, the packet's headers — is in BPF functions of
 //! their own (`#[inline(never)]`): the sixty-odd drop sites of the programs inline only the check,
 //! and the callee's small frame is all it adds to the caller's stack.
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_ns, programs::TcContext};
 use ebpf_common::{
     DropReason, FAMILY_IPV4, FAMILY_IPV6, FlowKey, MONITOR_DROP, MONITOR_NO_DIRECTION, MONITOR_POLICY_DENIED,
-    MonitorEvent,
+    MonitorControl, MonitorEvent,
 };
 
 use crate::maps;
@@ -28,8 +28,11 @@ const SECOND_NS: u64 = 1_000_000_000;
 /// the policy code reports it with [`verdict`], with the policy and direction this lacks.
 #[inline(always)]
 pub fn drop(ctx: &TcContext, reason: DropReason) {
-    if !matches!(reason, DropReason::PolicyDenied) && listening() {
-        drop_event(ctx, reason as u32);
+    if matches!(reason, DropReason::PolicyDenied) {
+        return;
+    }
+    if let Some(control) = listening() {
+        drop_event(ctx.skb.skb, reason as u32, control);
     }
 }
 
@@ -39,37 +42,40 @@ pub fn drop(ctx: &TcContext, reason: DropReason) {
 #[inline(always)]
 #[allow(dead_code, reason = "called by the policy datapath once it lands")]
 pub fn verdict(ctx: &TcContext, kind: u8, direction: u8, slot: u32, ifindex: u32, key: &FlowKey) {
-    if listening() {
+    if listening().is_some() {
         // Five arguments at most to a BPF function: kind and direction share one.
         verdict_event(ctx.len(), u32::from(kind) | u32::from(direction) << 8, slot, ifindex, key);
     }
 }
 
-/// Whether a monitor may listen: the one check every caller inlines.
+/// The control slot if a monitor may listen: the one check every caller inlines.
 #[inline(always)]
-fn listening() -> bool {
+fn listening() -> Option<&'static MonitorControl> {
     // The monitor replaces the value whole; a torn read would cost one event more or less.
-    maps::MONITOR_CONTROL.get(0).is_some_and(|control| control.listening_until_ns != 0)
+    maps::MONITOR_CONTROL.get(0).filter(|control| control.listening_until_ns != 0)
 }
 
+/// The skb itself rather than the caller's `TcContext` (a pointer to the caller's stack), and
+/// the control slot the caller found: fewer values to keep, in a frame that must stay small.
 #[inline(never)]
-fn drop_event(ctx: &TcContext, reason: u32) {
-    let Some(event) = reserve() else { return };
+fn drop_event(skb: *mut __sk_buff, reason: u32, control: &MonitorControl) {
+    let Some(event) = reserve(control) else { return };
     // SAFETY: `event` is a reserved record of the ring buffer, ours until submitted.
     unsafe {
         (*event).kind = MONITOR_DROP;
         (*event).direction = MONITOR_NO_DIRECTION;
         (*event).reason = reason;
-        (*event).len = ctx.len();
-        (*event).ifindex = (*ctx.skb.skb).ifindex;
-        read_headers(ctx, event);
+        (*event).len = (*skb).len;
+        (*event).ifindex = (*skb).ifindex;
+        read_headers(skb, event);
     }
     submit(event);
 }
 
 #[inline(never)]
 fn verdict_event(len: u32, kind_and_direction: u32, slot: u32, ifindex: u32, key: &FlowKey) {
-    let Some(event) = reserve() else { return };
+    let Some(control) = listening() else { return };
+    let Some(event) = reserve(control) else { return };
     let kind = kind_and_direction as u8;
     // SAFETY: as in `drop_event`.
     unsafe {
@@ -92,8 +98,7 @@ fn verdict_event(len: u32, kind_and_direction: u32, slot: u32, ifindex: u32, key
 /// A zeroed record with its time, if a monitor listens, this CPU's budget has room and the ring
 /// buffer too; otherwise none, the miss counted in `lost` (while a monitor listens).
 #[inline(always)]
-fn reserve() -> Option<*mut MonitorEvent> {
-    let control = maps::MONITOR_CONTROL.get(0)?;
+fn reserve(control: &MonitorControl) -> Option<*mut MonitorEvent> {
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if now >= control.listening_until_ns {
@@ -116,7 +121,13 @@ fn reserve() -> Option<*mut MonitorEvent> {
         };
         (*budget).sent += 1;
         let event = entry.as_mut_ptr();
-        *event = MonitorEvent { time_ns: now, ..MonitorEvent::default() };
+        // Word by word: a whole-struct write compiles to a call of `memset`, a BPF function
+        // with a frame of its own.
+        let words = event.cast::<u64>();
+        for i in 0..size_of::<MonitorEvent>() / 8 {
+            core::ptr::write_volatile(words.add(i), 0);
+        }
+        (*event).time_ns = now;
         // Submitted by the caller through the raw pointer (`submit`).
         core::mem::forget(entry);
         Some(event)
@@ -130,57 +141,80 @@ fn submit(event: *mut MonitorEvent) {
 }
 
 /// Family, protocol, addresses and ports of the packet, read with `bpf_skb_load_bytes` (any
-/// part of the packet, no bounds for the verifier to follow). A frame that is not IP, or too
-/// short, leaves the fields it lacks zero. IPv6 extension headers are not walked: the ports
-/// of a packet that has them stay zero.
-#[inline(always)]
-unsafe fn read_headers(ctx: &TcContext, event: *mut MonitorEvent) {
-    let Ok(ethertype) = ctx.load::<[u8; 2]>(ETHERTYPE_OFFSET as usize) else { return };
-    let (protocol, l4) = match u16::from_be_bytes(ethertype) {
-        ETHERTYPE_IPV4 => {
-            // Version and header length, then protocol (9), addresses (12, 16).
-            let Ok(ip) = ctx.load::<[u8; 10]>(IP_OFFSET as usize) else { return };
-            // SAFETY: the record is ours; the lengths are the fields'.
-            unsafe {
+/// part of the packet, no bounds for the verifier to follow) straight into the record: this
+/// function is called from frames near the 512 bytes of stack the verifier allows a call chain
+/// (`from_uplink6`'s), so it keeps none of its own. A frame that is not IP, or too short, leaves
+/// the fields it lacks zero. IPv6 extension headers are not walked: the ports of a packet that
+/// has them stay zero. A function of its own, with two values to keep across its helper calls:
+/// no spills, no stack.
+#[inline(never)]
+fn read_headers(skb: *mut __sk_buff, event: *mut MonitorEvent) {
+    // SAFETY: the record is ours; every load's length fits the field it lands in.
+    unsafe {
+        // The destination address's bytes hold the headers read before it is.
+        let scratch = (*event).dst_addr.as_mut_ptr();
+        if load(skb, ETHERTYPE_OFFSET, scratch, 2) != 0 {
+            return;
+        }
+        // Where the ports are (0: none), kept in the ports' own bytes until they are read: a
+        // value kept in a register across the address loads would be spilled to the stack.
+        let ports = (&raw mut (*event).src_port).cast::<u32>();
+        match u16::from_be_bytes([*scratch, *scratch.add(1)]) {
+            ETHERTYPE_IPV4 => {
+                // Version and header length (0), fragment field (6), protocol (9).
+                if load(skb, IP_OFFSET, scratch, 10) != 0 {
+                    return; // zeroed by the failed load
+                }
+                let protocol = *scratch.add(9);
+                let later_fragment = u16::from_be_bytes([*scratch.add(6), *scratch.add(7)]) & 0x1fff != 0;
+                let l4 = if later_fragment || !has_ports(protocol) { 0 } else { IP_OFFSET + u32::from(*scratch & 0x0f) * 4 };
+                core::ptr::write_volatile(ports, l4);
                 (*event).family = FAMILY_IPV4;
-                (*event).protocol = ip[9];
-                load(ctx, IP_OFFSET + 12, (*event).src_addr.as_mut_ptr(), 4);
-                load(ctx, IP_OFFSET + 16, (*event).dst_addr.as_mut_ptr(), 4);
+                (*event).protocol = protocol;
+                // Two words: a 16-byte write would compile to a call of `memset`.
+                core::ptr::write_volatile(scratch.cast::<u64>(), 0);
+                core::ptr::write_volatile(scratch.add(8).cast::<u64>(), 0);
+                load(skb, IP_OFFSET + 12, (*event).src_addr.as_mut_ptr(), 4);
+                load(skb, IP_OFFSET + 16, scratch, 4);
             }
-            // A later fragment carries no ports.
-            if u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff != 0 {
+            ETHERTYPE_IPV6 => {
+                if load(skb, IP_OFFSET + 6, scratch, 1) != 0 {
+                    return;
+                }
+                let protocol = *scratch;
+                core::ptr::write_volatile(ports, if has_ports(protocol) { IP_OFFSET + 40 } else { 0 });
+                (*event).family = FAMILY_IPV6;
+                (*event).protocol = protocol;
+                load(skb, IP_OFFSET + 8, (*event).src_addr.as_mut_ptr(), 16);
+                load(skb, IP_OFFSET + 24, scratch, 16);
+            }
+            _ => {
+                *scratch = 0;
+                *scratch.add(1) = 0;
                 return;
             }
-            (ip[9], IP_OFFSET + u32::from(ip[0] & 0x0f) * 4)
         }
-        ETHERTYPE_IPV6 => {
-            let Ok(next_header) = ctx.load::<u8>(IP_OFFSET as usize + 6) else { return };
-            // SAFETY: as above.
-            unsafe {
-                (*event).family = FAMILY_IPV6;
-                (*event).protocol = next_header;
-                load(ctx, IP_OFFSET + 8, (*event).src_addr.as_mut_ptr(), 16);
-                load(ctx, IP_OFFSET + 24, (*event).dst_addr.as_mut_ptr(), 16);
-            }
-            (next_header, IP_OFFSET + 40)
+        let l4 = core::ptr::read_volatile(ports);
+        if l4 == 0 {
+            return;
         }
-        _ => return,
-    };
-    if protocol == PROTO_TCP || protocol == PROTO_UDP || protocol == PROTO_SCTP {
-        // All three begin with the source and destination ports.
-        if let Ok(ports) = ctx.load::<[u8; 4]>(l4 as usize) {
-            // SAFETY: as above.
-            unsafe {
-                (*event).src_port = u16::from_be_bytes([ports[0], ports[1]]);
-                (*event).dst_port = u16::from_be_bytes([ports[2], ports[3]]);
-            }
+        core::ptr::write_volatile(ports, 0);
+        if load(skb, l4, ports.cast(), 4) == 0 {
+            (*event).src_port = u16::from_be((*event).src_port);
+            (*event).dst_port = u16::from_be((*event).dst_port);
         }
     }
 }
 
-/// `len` bytes at `offset` of the packet into `to`; left as they were (zero) if it is shorter.
+/// TCP, UDP and SCTP: they begin with the source and destination ports, as the record has them.
 #[inline(always)]
-unsafe fn load(ctx: &TcContext, offset: u32, to: *mut u8, len: u32) {
+fn has_ports(protocol: u8) -> bool {
+    protocol == PROTO_TCP || protocol == PROTO_UDP || protocol == PROTO_SCTP
+}
+
+/// `len` bytes at `offset` of the packet into `to`: 0, or an error with `to` zeroed.
+#[inline(always)]
+unsafe fn load(skb: *mut __sk_buff, offset: u32, to: *mut u8, len: u32) -> i64 {
     // SAFETY: `to` points at `len` bytes of the caller's record.
-    unsafe { aya_ebpf::helpers::bpf_skb_load_bytes(ctx.skb.skb.cast(), offset, to.cast(), len) };
+    unsafe { aya_ebpf::helpers::bpf_skb_load_bytes(skb.cast(), offset, to.cast(), len) }
 }
