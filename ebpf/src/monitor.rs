@@ -42,9 +42,11 @@ pub fn drop(ctx: &TcContext, reason: DropReason) {
 #[inline(always)]
 #[allow(dead_code, reason = "called by the policy datapath once it lands")]
 pub fn verdict(ctx: &TcContext, kind: u8, direction: u8, slot: u32, ifindex: u32, key: &FlowKey) {
-    if listening().is_some() {
-        // Five arguments at most to a BPF function: kind and direction share one.
-        verdict_event(ctx.len(), u32::from(kind) | u32::from(direction) << 8, slot, ifindex, key);
+    if let Some(control) = listening() {
+        // Five arguments at most to a BPF function: kind, direction and length share one, the
+        // policy slot and the interface another.
+        let kind_direction_len = u64::from(kind) | u64::from(direction) << 8 | u64::from(ctx.len()) << 32;
+        verdict_event(kind_direction_len, u64::from(slot) << 32 | u64::from(ifindex), key, control);
     }
 }
 
@@ -73,18 +75,17 @@ fn drop_event(skb: *mut __sk_buff, reason: u32, control: &MonitorControl) {
 }
 
 #[inline(never)]
-fn verdict_event(len: u32, kind_and_direction: u32, slot: u32, ifindex: u32, key: &FlowKey) {
-    let Some(control) = listening() else { return };
+fn verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: &FlowKey, control: &MonitorControl) {
     let Some(event) = reserve(control) else { return };
-    let kind = kind_and_direction as u8;
+    let kind = kind_direction_len as u8;
     // SAFETY: as in `drop_event`.
     unsafe {
         (*event).kind = kind;
-        (*event).direction = (kind_and_direction >> 8) as u8;
+        (*event).direction = (kind_direction_len >> 8) as u8;
         (*event).reason = if kind == MONITOR_POLICY_DENIED { DropReason::PolicyDenied as u32 } else { 0 };
-        (*event).policy_slot = slot;
-        (*event).ifindex = ifindex;
-        (*event).len = len;
+        (*event).policy_slot = (slot_ifindex >> 32) as u32;
+        (*event).ifindex = slot_ifindex as u32;
+        (*event).len = (kind_direction_len >> 32) as u32;
         (*event).family = key.family;
         (*event).protocol = key.protocol;
         (*event).src_port = key.src_port;
