@@ -123,6 +123,11 @@ pub static MONITOR_CONTROL: Array<MonitorControl, 1> = Array::new();
 #[btf_map]
 pub static MONITOR_BUDGET: PerCpuArray<MonitorBudget, 1> = PerCpuArray::new();
 
+/// The event being filled, per CPU (`monitor.rs`: the callers' frames leave no stack for it).
+/// Not pinned: nothing outside the program run reads it.
+#[btf_map]
+pub static MONITOR_SCRATCH: PerCpuArray<MonitorEvent, 1> = PerCpuArray::new();
+
 #[inline(always)]
 pub fn endpoint(key: &IpKey) -> Option<Endpoint> {
     // SAFETY: the value is copied out at once; the plugin replaces entries whole.

@@ -5,12 +5,19 @@
 //! `listening_until_ns` is 0 then (the monitor writes 0 when it exits; one killed leaves a time
 //! in the past, which the out-of-line part finds with one clock read). Everything else — the
 //! clock, the per-CPU budget, the ring buffer, the packet's headers — is in BPF functions of
-//! their own (`#[inline(never)]`): the sixty-odd drop sites of the programs inline only the check,
-//! and the callee's small frame is all it adds to the caller's stack.
-use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_ns, programs::TcContext};
+//! their own (`#[inline(never)]`): the sixty-odd drop sites of the programs inline only the check.
+//! Those functions keep no stack (the event is built in a per-CPU map value, `MONITOR_SCRATCH`,
+//! map keys are read from a global): they are called from frames that use nearly all of the 512
+//! bytes a call chain may have (`from_pod`'s with the policy check, `from_uplink6`'s).
+use aya_ebpf::{
+    bindings::__sk_buff,
+    cty::c_void,
+    helpers::{bpf_ktime_get_ns, bpf_map_lookup_elem},
+    programs::TcContext,
+};
 use ebpf_common::{
     DropReason, FAMILY_IPV4, FAMILY_IPV6, FlowKey, MONITOR_DROP, MONITOR_NO_DIRECTION, MONITOR_POLICY_DENIED,
-    MonitorControl, MonitorEvent,
+    MonitorBudget, MonitorControl, MonitorEvent,
 };
 
 use crate::maps;
@@ -31,8 +38,8 @@ pub fn drop(ctx: &TcContext, reason: DropReason) {
     if matches!(reason, DropReason::PolicyDenied) {
         return;
     }
-    if let Some(control) = listening() {
-        drop_event(ctx.skb.skb, reason as u32, control);
+    if listening().is_some() {
+        drop_event(ctx.skb.skb, reason as u32);
     }
 }
 
@@ -54,32 +61,44 @@ pub fn verdict(ctx: &TcContext, kind: u8, direction: u8, slot: u32, ifindex: u32
 #[inline(always)]
 fn listening() -> Option<&'static MonitorControl> {
     // The monitor replaces the value whole; a torn read would cost one event more or less.
-    maps::MONITOR_CONTROL.get(0).filter(|control| control.listening_until_ns != 0)
+    // SAFETY: an array slot, valid for the program run.
+    let control = unsafe { lookup(&maps::MONITOR_CONTROL).cast::<MonitorControl>().as_ref()? };
+    (control.listening_until_ns != 0).then_some(control)
 }
 
-/// The skb itself rather than the caller's `TcContext` (a pointer to the caller's stack), and
-/// the control slot the caller found: fewer values to keep, in a frame that must stay small.
+/// The skb itself rather than the caller's `TcContext` (a pointer to the caller's stack). No
+/// more values are kept across a helper call than the four registers that survive one (a spill
+/// would be stack): the control slot is looked up again rather than passed (the compiler would
+/// pass its two fields, one argument too many).
 #[inline(never)]
-fn drop_event(skb: *mut __sk_buff, reason: u32, control: &MonitorControl) {
-    let Some(event) = reserve(control) else { return };
-    // SAFETY: `event` is a reserved record of the ring buffer, ours until submitted.
+fn drop_event(skb: *mut __sk_buff, reason: u32) {
+    let Some(control) = listening() else { return };
+    let Some(event) = scratch() else { return };
+    // SAFETY: this CPU's scratch record and the kernel's skb, both valid for the program run.
     unsafe {
+        clear(event);
         (*event).kind = MONITOR_DROP;
         (*event).direction = MONITOR_NO_DIRECTION;
         (*event).reason = reason;
         (*event).len = (*skb).len;
         (*event).ifindex = (*skb).ifindex;
-        read_headers(skb, event);
     }
-    submit(event);
+    let Some((now, budget)) = admit(control) else { return };
+    // SAFETY: as above.
+    unsafe { (*event).time_ns = now };
+    read_headers(skb, event);
+    send(event, budget);
 }
 
+/// Called for every new flow a policy judges, denied floods included; the record is filled
+/// first, as in `drop_event`.
 #[inline(never)]
 fn verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: &FlowKey, control: &MonitorControl) {
-    let Some(event) = reserve(control) else { return };
+    let Some(event) = scratch() else { return };
     let kind = kind_direction_len as u8;
-    // SAFETY: as in `drop_event`.
+    // SAFETY: this CPU's scratch record.
     unsafe {
+        clear(event);
         (*event).kind = kind;
         (*event).direction = (kind_direction_len >> 8) as u8;
         (*event).reason = if kind == MONITOR_POLICY_DENIED { DropReason::PolicyDenied as u32 } else { 0 };
@@ -93,19 +112,25 @@ fn verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: &FlowKey, cont
         (*event).src_addr = key.src_addr;
         (*event).dst_addr = key.dst_addr;
     }
-    submit(event);
+    let Some((now, budget)) = admit(control) else { return };
+    // SAFETY: as above.
+    unsafe { (*event).time_ns = now };
+    send(event, budget);
 }
 
-/// A zeroed record with its time, if a monitor listens, this CPU's budget has room and the ring
-/// buffer too; otherwise none, the miss counted in `lost` (while a monitor listens).
+/// The time, and this CPU's budget with the event counted in it, if a monitor listens and the
+/// budget has room; a miss for the rate is counted in `lost` (while a monitor listens).
 #[inline(always)]
-fn reserve(control: &MonitorControl) -> Option<*mut MonitorEvent> {
+fn admit(control: &MonitorControl) -> Option<(u64, *mut MonitorBudget)> {
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if now >= control.listening_until_ns {
         return None;
     }
-    let budget = maps::MONITOR_BUDGET.get_ptr_mut(0)?;
+    let budget = lookup(&maps::MONITOR_BUDGET).cast::<MonitorBudget>();
+    if budget.is_null() {
+        return None;
+    }
     // SAFETY: a per-CPU slot, only touched by this CPU while the program runs.
     unsafe {
         if now.wrapping_sub((*budget).window_start_ns) >= SECOND_NS {
@@ -116,30 +141,51 @@ fn reserve(control: &MonitorControl) -> Option<*mut MonitorEvent> {
             (*budget).lost += 1;
             return None;
         }
-        let Some(mut entry) = maps::MONITOR_EVENTS.reserve(0) else {
-            (*budget).lost += 1;
-            return None;
-        };
         (*budget).sent += 1;
-        let event = entry.as_mut_ptr();
-        // Word by word: a whole-struct write compiles to a call of `memset`, a BPF function
-        // with a frame of its own.
-        let words = event.cast::<u64>();
-        for i in 0..size_of::<MonitorEvent>() / 8 {
-            core::ptr::write_volatile(words.add(i), 0);
+    }
+    Some((now, budget))
+}
+
+/// Copies the record into the ring buffer; a full buffer turns the event from sent into lost.
+#[inline(always)]
+fn send(event: *mut MonitorEvent, budget: *mut MonitorBudget) {
+    // SAFETY: `event` is this CPU's scratch record, `budget` its budget slot.
+    unsafe {
+        if maps::MONITOR_EVENTS.output(&*event, 0).is_err() {
+            (*budget).sent -= 1;
+            (*budget).lost += 1;
         }
-        (*event).time_ns = now;
-        // Submitted by the caller through the raw pointer (`submit`).
-        core::mem::forget(entry);
-        Some(event)
     }
 }
 
+/// This CPU's record to fill (`MONITOR_SCRATCH`): the stack has no room for it.
 #[inline(always)]
-fn submit(event: *mut MonitorEvent) {
-    // SAFETY: `event` came from `bpf_ringbuf_reserve` in `reserve` and is submitted once.
-    unsafe { aya_ebpf::helpers::bpf_ringbuf_submit(event.cast(), 0) };
+fn scratch() -> Option<*mut MonitorEvent> {
+    let event = lookup(&maps::MONITOR_SCRATCH).cast::<MonitorEvent>();
+    (!event.is_null()).then_some(event)
 }
+
+/// Word by word: a whole-struct write compiles to a call of `memset`, a BPF function with a
+/// frame of its own.
+#[inline(always)]
+unsafe fn clear(event: *mut MonitorEvent) {
+    let words = event.cast::<u64>();
+    for i in 0..size_of::<MonitorEvent>() / 8 {
+        // SAFETY: within the record, whose size is a multiple of 8.
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+    }
+}
+
+/// Slot 0 of a one-slot array map, looked up with a key in read-only global memory: aya's
+/// `get` puts the key on the stack, and this code must not use any.
+#[inline(always)]
+fn lookup<M>(map: &M) -> *mut c_void {
+    // SAFETY: a map of this object and a key of the array's key size.
+    unsafe { bpf_map_lookup_elem(core::ptr::from_ref(map).cast_mut().cast(), (&raw const ZERO).cast()) }
+}
+
+/// The key of the one-slot arrays.
+static ZERO: u32 = 0;
 
 /// Family, protocol, addresses and ports of the packet, read with `bpf_skb_load_bytes` (any
 /// part of the packet, no bounds for the verifier to follow) straight into the record: this
