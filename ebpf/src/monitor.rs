@@ -49,11 +49,11 @@ pub fn drop(ctx: &TcContext, reason: DropReason) {
 #[inline(always)]
 #[allow(dead_code, reason = "called by the policy datapath once it lands")]
 pub fn verdict(ctx: &TcContext, kind: u8, direction: u8, slot: u32, ifindex: u32, key: &FlowKey) {
-    if let Some(control) = listening() {
+    if listening().is_some() {
         // Five arguments at most to a BPF function: kind, direction and length share one, the
         // policy slot and the interface another.
         let kind_direction_len = u64::from(kind) | u64::from(direction) << 8 | u64::from(ctx.len()) << 32;
-        verdict_event(kind_direction_len, u64::from(slot) << 32 | u64::from(ifindex), key, control);
+        verdict_event(kind_direction_len, u64::from(slot) << 32 | u64::from(ifindex), key);
     }
 }
 
@@ -90,10 +90,11 @@ fn drop_event(skb: *mut __sk_buff, reason: u32) {
     send(event, budget);
 }
 
-/// Called for every new flow a policy judges, denied floods included; the record is filled
-/// first, as in `drop_event`.
+/// Called for every new flow a policy judges, denied floods included. As in `drop_event`, the
+/// control slot is looked up again, here once the record is filled from the arguments: the
+/// three of them and the slot's two fields would not fit the registers a helper call keeps.
 #[inline(never)]
-fn verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: &FlowKey, control: &MonitorControl) {
+fn verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: &FlowKey) {
     let Some(event) = scratch() else { return };
     let kind = kind_direction_len as u8;
     // SAFETY: this CPU's scratch record.
@@ -112,6 +113,7 @@ fn verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: &FlowKey, cont
         (*event).src_addr = key.src_addr;
         (*event).dst_addr = key.dst_addr;
     }
+    let Some(control) = listening() else { return };
     let Some((now, budget)) = admit(control) else { return };
     // SAFETY: as above.
     unsafe { (*event).time_ns = now };
