@@ -42,14 +42,15 @@ impl Finished {
 
 impl MonitorRun {
     /// Starts `ebpf-cni monitor` on the testbed's network with `args`, and waits until the
-    /// programs see it listening.
+    /// programs see it listening (a time ahead of now in the control slot: one that a killed
+    /// monitor left there has passed).
     pub fn start(tb: &Testbed, args: &[&str]) -> Result<Self> {
         let mut child = command(tb, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
         let stdout = child.stdout.take().context("stdout")?;
         let lines = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect());
         let mut run = Self { child, lines: Some(lines) };
         let started = Instant::now();
-        while control(tb)?.listening_until_ns == 0 {
+        while control(tb)?.listening_until_ns <= monotonic_ns() {
             if let Some(status) = run.child.try_wait()? {
                 let finished = run.finish(Duration::ZERO)?;
                 bail!("the monitor exited ({status}) before listening: {}", finished.stderr);
@@ -108,6 +109,12 @@ pub fn command(tb: &Testbed, args: &[&str]) -> Command {
     let mut command = Command::new(&tb.plugin.binary);
     command.arg("monitor").arg("--network").arg(&tb.network).arg("--bpffs-root").arg(tb.bpffs_root()).args(args);
     command
+}
+
+/// CLOCK_MONOTONIC, the programs' clock, in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
+    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
 }
 
 fn open(tb: &Testbed, name: &str) -> Result<Map> {
