@@ -216,7 +216,8 @@ fn read_headers(skb: *mut __sk_buff, event: *mut MonitorEvent) {
                 }
                 let protocol = *scratch.add(9);
                 let later_fragment = u16::from_be_bytes([*scratch.add(6), *scratch.add(7)]) & 0x1fff != 0;
-                let l4 = if later_fragment || !has_ports(protocol) { 0 } else { IP_OFFSET + u32::from(*scratch & 0x0f) * 4 };
+                let l4 =
+                    if later_fragment || !has_ports(protocol) { 0 } else { IP_OFFSET + u32::from(*scratch & 0x0f) * 4 };
                 core::ptr::write_volatile(ports, l4);
                 (*event).family = FAMILY_IPV4;
                 (*event).protocol = protocol;

@@ -120,7 +120,8 @@ fn drops_appear_with_their_fields() {
         (&json!("unsupported-protocol"), &json!("fd00::2"), &json!("udp"), &json!(1111), &json!(2222), &json!("x/a")),
         "{ipv6:#}"
     );
-    let not_ip = events.iter().find(|e| e["protocol"].is_null()).unwrap_or_else(|| panic!("no LLDP event: {events:#?}"));
+    let not_ip =
+        events.iter().find(|e| e["protocol"].is_null()).unwrap_or_else(|| panic!("no LLDP event: {events:#?}"));
     assert_eq!((&not_ip["src_ip"], &not_ip["pod"], &not_ip["peer"]), (&Value::Null, &json!("x/a"), &Value::Null));
 }
 
