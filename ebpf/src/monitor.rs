@@ -30,6 +30,8 @@ const PROTO_TCP: u8 = 6;
 const PROTO_UDP: u8 = 17;
 const PROTO_SCTP: u8 = 132;
 const SECOND_NS: u64 = 1_000_000_000;
+/// How long after a monitor's last renewal lapsed the programs clear its slot.
+const LAPSED_NS: u64 = 10 * SECOND_NS;
 
 /// A packet dropped for `reason` (called from `maps::drop`). A policy's denial is not sent here:
 /// the policy code reports it with [`verdict`], with the policy and direction this lacks.
@@ -59,11 +61,11 @@ pub fn verdict(ctx: &TcContext, kind: u8, direction: u8, slot: u32, ifindex: u32
 
 /// The control slot if a monitor may listen: the one check every caller inlines.
 #[inline(always)]
-fn listening() -> Option<&'static MonitorControl> {
+fn listening() -> Option<*mut MonitorControl> {
+    let control = lookup(&maps::MONITOR_CONTROL).cast::<MonitorControl>();
     // The monitor replaces the value whole; a torn read would cost one event more or less.
     // SAFETY: an array slot, valid for the program run.
-    let control = unsafe { lookup(&maps::MONITOR_CONTROL).cast::<MonitorControl>().as_ref()? };
-    (control.listening_until_ns != 0).then_some(control)
+    (!control.is_null() && unsafe { (*control).listening_until_ns } != 0).then_some(control)
 }
 
 /// The skb itself rather than the caller's `TcContext` (a pointer to the caller's stack). No
@@ -123,10 +125,17 @@ fn verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: &FlowKey) {
 /// The time, and this CPU's budget with the event counted in it, if a monitor listens and the
 /// budget has room; a miss for the rate is counted in `lost` (while a monitor listens).
 #[inline(always)]
-fn admit(control: &MonitorControl) -> Option<(u64, *mut MonitorBudget)> {
-    // SAFETY: bpf_ktime_get_ns has no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if now >= control.listening_until_ns {
+fn admit(control: *mut MonitorControl) -> Option<(u64, *mut MonitorBudget)> {
+    // SAFETY: bpf_ktime_get_ns has no preconditions; `control` is the control slot.
+    let (now, until, rate) = unsafe { (bpf_ktime_get_ns(), (*control).listening_until_ns, (*control).rate_per_sec) };
+    if now >= until {
+        // A monitor killed without a word. Once that is long past, the slot is cleared, so that
+        // drops cost the one check again. A monitor starting at that very moment may lose its
+        // first renewal to this write: its events then begin with its next, a second later.
+        if now - until > LAPSED_NS {
+            // SAFETY: as above.
+            unsafe { core::ptr::write_volatile(&raw mut (*control).listening_until_ns, 0) };
+        }
         return None;
     }
     let budget = lookup(&maps::MONITOR_BUDGET).cast::<MonitorBudget>();
@@ -139,7 +148,7 @@ fn admit(control: &MonitorControl) -> Option<(u64, *mut MonitorBudget)> {
             (*budget).window_start_ns = now;
             (*budget).sent = 0;
         }
-        if (*budget).sent >= control.rate_per_sec {
+        if (*budget).sent >= rate {
             (*budget).lost += 1;
             return None;
         }

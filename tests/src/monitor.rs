@@ -145,3 +145,9 @@ pub fn drain_events(tb: &Testbed) -> Result<usize> {
     }
     Ok(count)
 }
+
+/// Writes `MONITOR_CONTROL`'s slot as a monitor would (tests that run the programs without one).
+pub fn set_control(tb: &Testbed, control: MonitorControl) -> Result<()> {
+    let mut array: Array<_, MonitorControl> = Array::try_from(open(tb, names::MONITOR_CONTROL)?)?;
+    Ok(array.set(0, control, 0)?)
+}
