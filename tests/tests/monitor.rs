@@ -42,12 +42,13 @@ impl Node {
     fn new(test: &str, tag: &str, subnet: &str) -> Option<Self> {
         let mut tb = Testbed::for_test(test, tag, subnet)?;
         let (pa, pb) = (tb.new_pod().unwrap(), tb.new_pod().unwrap());
-        let (a, b) = (tb.add_attachment(pa).unwrap(), tb.add_attachment(pb).unwrap());
-        // The pods' own IPv6 chatter (duplicate address detection, router solicitations) would be
-        // dropped on this IPv4 network and show up among the events the tests provoke.
+        // The pods' own IPv6 chatter (duplicate address detection, router solicitations, MLD)
+        // would be dropped on this IPv4 network and show up among the events the tests provoke:
+        // off before their interface arrives.
         for pod in [pa, pb] {
-            run_in(&tb.pods[pod].netns.name, "sysctl", &["-qw", "net.ipv6.conf.all.disable_ipv6=1"]).unwrap();
+            quiet_ipv6(&tb.pods[pod].netns.name);
         }
+        let (a, b) = (tb.add_attachment(pa).unwrap(), tb.add_attachment(pb).unwrap());
         let socket = PacketSocket::open(&tb.pods[pa].netns.name, "eth0").unwrap();
         let names = tb.data_dir().join("policy-names.json");
         let file =
@@ -76,6 +77,13 @@ impl Node {
     fn stranger(&self, last: u8) -> Ipv4Addr {
         let [a, b, c, _] = self.a.ip.octets();
         Ipv4Addr::new(a, b, c, last)
+    }
+}
+
+/// IPv6 off in a pod's namespace, for every interface to come.
+fn quiet_ipv6(netns: &str) {
+    for conf in ["all", "default"] {
+        run_in(netns, "sysctl", &["-qw", &format!("net.ipv6.conf.{conf}.disable_ipv6=1")]).unwrap();
     }
 }
 
