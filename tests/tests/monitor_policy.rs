@@ -41,11 +41,17 @@ fn ip_key(ip: IpAddr) -> IpKey {
 fn a_denied_and_an_allowed_flow_show_with_their_policy() {
     let test = "a_denied_and_an_allowed_flow_show_with_their_policy";
     let Some(mut tb) = Testbed::for_test(test, "monpol", "10.198.0.0/24") else { return };
-    let pods = tb.add_attachments(2).unwrap();
-    let (a, b) = (pods[0].clone(), pods[1].clone());
-    for pod in &tb.pods {
-        run_in(&pod.netns.name, "sysctl", &["-qw", "net.ipv6.conf.all.disable_ipv6=1"]).unwrap();
+    // IPv6 off in the pods before their interface arrives: their own chatter (DAD, MLD) would be
+    // judged and shown too. The node's side (the host veth's MLD reports into b, judged and
+    // denied at b's ingress) is left out by `--pod x/a`.
+    for _ in 0..2 {
+        let pod = tb.new_pod().unwrap();
+        for conf in ["all", "default"] {
+            let setting = format!("net.ipv6.conf.{conf}.disable_ipv6=1");
+            run_in(&tb.pods[pod].netns.name, "sysctl", &["-qw", &setting]).unwrap();
+        }
     }
+    let (a, b) = (tb.add_attachment(0).unwrap(), tb.add_attachment(1).unwrap());
     // b is ingress isolated (denials counted on slot 7); a may open TCP 81 to it (slot 8).
     let mut identities: LpmTrie<_, IpKey, PolicyIdentity> =
         LpmTrie::try_from(open(&tb, names::POLICY_IDENTITIES)).unwrap();
@@ -85,9 +91,11 @@ fn a_denied_and_an_allowed_flow_show_with_their_policy() {
         "pods": {a.ip.to_string(): "x/a", b.ip.to_string(): "y/b"},
     });
     std::fs::write(&names_file, file.to_string()).unwrap();
-    let monitor =
-        MonitorRun::start(&tb, &["--policy-names", names_file.to_str().unwrap(), "-o", "json", "--count", "2"])
-            .unwrap();
+    let monitor = MonitorRun::start(
+        &tb,
+        &["--policy-names", names_file.to_str().unwrap(), "-o", "json", "--count", "2", "--pod", "x/a"],
+    )
+    .unwrap();
     let socket = PacketSocket::open(&tb.pods[0].netns.name, "eth0").unwrap();
     for port in [80, 81] {
         let syn =
@@ -114,4 +122,19 @@ fn a_denied_and_an_allowed_flow_show_with_their_policy() {
     };
     expect(80, "denied", json!("policy-denied"), "y/default-deny", 7);
     expect(81, "allowed", json!(null), "y/allow-81", 8);
+
+    // The same as a table: new flows (other source ports), a header and a line each.
+    let monitor =
+        MonitorRun::start(&tb, &["--policy-names", names_file.to_str().unwrap(), "--count", "2", "--pod", "x/a"])
+            .unwrap();
+    for port in [80, 81] {
+        let syn =
+            [ethernet(a.host_mac, a.pod_mac, 0x0800), ipv4(a.ip, b.ip, TCP, &tcp(50000 + port, port, SYN))].concat();
+        socket.send(&with_checksums(syn)).unwrap();
+    }
+    let done = monitor.finish(Duration::from_secs(10)).unwrap();
+    assert_eq!(done.lines.len(), 3, "{:?}", done.lines);
+    let denied: Vec<&str> = done.lines.iter().find(|l| l.contains("denied")).unwrap().split_whitespace().collect();
+    assert_eq!(&denied[1..], ["y/b", "ingress", "x/a", "tcp", "50080→80", "denied", "policy-denied", "y/default-deny"]);
+    eprintln!("{}", done.lines.join("\n"));
 }
