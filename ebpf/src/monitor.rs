@@ -3,7 +3,8 @@
 //!
 //! The callers pay one array read and a compare while nobody listens: `MONITOR_CONTROL`'s
 //! `listening_until_ns` is 0 then (the monitor writes 0 when it exits; one killed leaves a time
-//! in the past, which the out-of-line part finds with one clock read). Everything else — the
+//! in the past, which the out-of-line part finds with one clock read and clears 10 s later).
+//! Everything else — the
 //! clock, the per-CPU budget, the ring buffer, the packet's headers — is in BPF functions of
 //! their own (`#[inline(never)]`): the sixty-odd drop sites of the programs inline only the check.
 //! Those functions keep no stack (the event is built in a per-CPU map value, `MONITOR_SCRATCH`,
@@ -52,8 +53,8 @@ pub fn drop(ctx: &TcContext, reason: DropReason) {
 #[allow(dead_code, reason = "called by the policy datapath once it lands")]
 pub fn verdict(ctx: &TcContext, kind: u8, direction: u8, slot: u32, ifindex: u32, key: &FlowKey) {
     if listening().is_some() {
-        // Five arguments at most to a BPF function: kind, direction and length share one, the
-        // policy slot and the interface another.
+        // Kind, direction and length in one argument, the policy slot and the interface in
+        // another: fewer values for the callee to keep across its helper calls.
         let kind_direction_len = u64::from(kind) | u64::from(direction) << 8 | u64::from(ctx.len()) << 32;
         verdict_event(kind_direction_len, u64::from(slot) << 32 | u64::from(ifindex), key);
     }
