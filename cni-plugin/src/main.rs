@@ -13,6 +13,7 @@ mod ipam;
 mod kube;
 mod logging;
 mod metrics;
+mod monitor;
 mod net;
 mod policy;
 mod services;

@@ -15,6 +15,7 @@ mod guard;
 pub mod iperf;
 pub mod kube_proxy;
 pub mod lan;
+pub mod monitor;
 pub mod netpol;
 mod plugin;
 mod privileges;
