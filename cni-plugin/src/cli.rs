@@ -26,6 +26,9 @@ enum Sub {
     /// Print every network's datapath figures (drops, endpoints, NAT) once, in the Prometheus
     /// text format; `agent --metrics-addr` serves the same.
     Metrics(crate::metrics::Metrics),
+    /// Stream a network's drops and policy verdicts as they happen (time, pod, peer, ports,
+    /// verdict, reason, policy), at a bounded rate; the datapath writes none while nobody listens.
+    Monitor(crate::monitor::Monitor),
     /// Keep routes to the other nodes' pod CIDRs (host-gw) in step with the cluster's nodes (watched);
     /// routes it did not make are never changed.
     Agent(crate::agent::Agent),
@@ -33,6 +36,10 @@ enum Sub {
     /// writes them from the API server).
     #[command(hide = true)]
     ServiceSet(crate::bpf::services::cli::ServiceSet),
+    /// Compiles a file's Namespaces, Pods and NetworkPolicies into a network's policy maps once
+    /// (tests and debugging; the agent does it from the API server).
+    #[command(hide = true)]
+    PolicySet(crate::agent::PolicySet),
 }
 
 pub fn run() -> ExitCode {
@@ -44,9 +51,14 @@ pub fn run() -> ExitCode {
         Some(Sub::Inspect(args)) => report(crate::inspect::run(args)),
         Some(Sub::Metrics(args)) => report(crate::metrics::run(args)),
         Some(Sub::Install(args)) => report(crate::install::run(args)),
+        Some(Sub::Monitor(args)) => report(crate::monitor::run(args)),
         Some(Sub::ServiceSet(args)) => {
             crate::logging::init();
             report(crate::bpf::services::cli::run(args))
+        }
+        Some(Sub::PolicySet(args)) => {
+            crate::logging::init();
+            report(crate::agent::policy_set(args))
         }
         Some(Sub::Agent(args)) => {
             crate::logging::init();

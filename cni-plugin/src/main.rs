@@ -13,7 +13,9 @@ mod ipam;
 mod kube;
 mod logging;
 mod metrics;
+mod monitor;
 mod net;
+mod policy;
 mod services;
 
 use std::process::ExitCode;

@@ -2,17 +2,17 @@
 //! The plugin pins them per network; the sizes are documented on the constants in ebpf-common.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     macros::btf_map,
     programs::TcContext,
 };
 use ebpf_common::{
     Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
-    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, HOST_VETHS_SLOTS, HostVeth, IpKey, NAT_MAX_ENTRIES,
-    NAT_SHARES_MAX_ENTRIES, NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES,
-    POLICY_ENDPOINTS_BY_IFINDEX_MAX_ENTRIES, POLICY_FLOWS_MAX_ENTRIES, POLICY_IDENTITIES_MAX_ENTRIES,
-    POLICY_RULES_MAX_ENTRIES, POLICY_SLOTS, PodFlows, PolicyCount, PolicyEndpoint, PolicyFlow, PolicyIdentity,
-    PolicyRule, PolicyRuleKey, Share, ShareKey,
+    FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, HOST_VETHS_SLOTS, HostVeth, IpKey,
+    MONITOR_EVENTS_BYTES, MonitorBudget, MonitorControl, MonitorEvent, NAT_MAX_ENTRIES, NAT_SHARES_MAX_ENTRIES,
+    NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES, POLICY_ENDPOINTS_BY_IFINDEX_MAX_ENTRIES,
+    POLICY_FLOWS_MAX_ENTRIES, POLICY_IDENTITIES_MAX_ENTRIES, POLICY_RULES_MAX_ENTRIES, POLICY_SLOTS, PodFlows,
+    PolicyCount, PolicyEndpoint, PolicyFlow, PolicyIdentity, PolicyRule, PolicyRuleKey, Share, ShareKey,
 };
 
 /// Hash maps whose entries are allocated when inserted: creating a preallocated map of 65,536
@@ -128,6 +128,23 @@ pub static POLICY_BUDGETS: LruHashMap<u64, crate::policy::budget::Budget, { HOST
 #[btf_map]
 pub static POLICY_COUNTS: PerCpuArray<PolicyCount, { POLICY_SLOTS as usize }> = PerCpuArray::new();
 
+/// Events for `ebpf-cni monitor` (see `monitor.rs`): written only while a monitor listens.
+#[btf_map]
+pub static MONITOR_EVENTS: RingBuf<MonitorEvent, { MONITOR_EVENTS_BYTES as usize }> = RingBuf::new();
+
+/// Slot 0: until when a monitor listens, and at what rate. Written by the monitor only.
+#[btf_map]
+pub static MONITOR_CONTROL: Array<MonitorControl, 1> = Array::new();
+
+/// The rate limit's window and counts, per CPU (`monitor.rs`).
+#[btf_map]
+pub static MONITOR_BUDGET: PerCpuArray<MonitorBudget, 1> = PerCpuArray::new();
+
+/// The event being filled, per CPU (`monitor.rs`: the callers' frames leave no stack for it).
+/// Not pinned: nothing outside the program run reads it.
+#[btf_map]
+pub static MONITOR_SCRATCH: PerCpuArray<MonitorEvent, 1> = PerCpuArray::new();
+
 #[inline(always)]
 pub fn endpoint(key: &IpKey) -> Option<Endpoint> {
     // SAFETY: the value is copied out at once; the plugin replaces entries whole.
@@ -140,6 +157,7 @@ pub fn endpoint(key: &IpKey) -> Option<Endpoint> {
 #[inline(always)]
 pub fn drop(ctx: &TcContext, reason: DropReason) -> i32 {
     aya_log_ebpf::debug!(ctx, "drop: {} ({}), {} bytes", reason.name(), reason as u32, ctx.len());
+    crate::monitor::drop(ctx, reason);
     if let Some(counter) = METRICS.get_ptr_mut(reason as u32) {
         // SAFETY: a per-CPU slot, only touched by this CPU while the program runs.
         unsafe {

@@ -192,6 +192,12 @@ impl Lan {
         self.add_pod_with_port_mappings(node, json!([]))
     }
 
+    /// Like [`Self::add_pod`], with the `CNI_ARGS` kubelet sends for pod `namespace`/`name`.
+    pub fn add_k8s_pod(&mut self, node: usize, namespace: &str, name: &str) -> Result<LanPod> {
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
+        self.add_pod_with(node, json!([]), args)
+    }
+
     /// A new pod on `node` whose `host_port` (TCP) leads to its `container_port`, by portmap.
     pub fn add_pod_with_host_port(&mut self, node: usize, host_port: u16, container_port: u16) -> Result<LanPod> {
         let mapping = json!([{ "hostPort": host_port, "containerPort": container_port, "protocol": "tcp" }]);
@@ -199,9 +205,14 @@ impl Lan {
     }
 
     fn add_pod_with_port_mappings(&mut self, node: usize, mappings: Value) -> Result<LanPod> {
+        self.add_pod_with(node, mappings, String::new())
+    }
+
+    fn add_pod_with(&mut self, node: usize, mappings: Value, cni_args: String) -> Result<LanPod> {
         let tb = &mut self.nodes[node];
         let pod = tb.new_pod()?;
         let mut sandbox = tb.sandbox(pod);
+        sandbox.cni_args = cni_args;
         sandbox.capability_args.insert("portMappings".into(), mappings);
         let result = self.runtimes[node].add(&self.lists[node], &sandbox)?;
         let mut addresses = Vec::new();

@@ -15,6 +15,8 @@ mod guard;
 pub mod iperf;
 pub mod kube_proxy;
 pub mod lan;
+pub mod monitor;
+pub mod netpol;
 mod plugin;
 pub mod policy_maps;
 mod privileges;

@@ -351,3 +351,19 @@ fn a_service_translated_by_the_stack_is_judged_against_its_backend() {
         tb.del(pod).unwrap();
     }
 }
+
+/// A network's first ADD (programs loaded, maps created and pinned), timed: with
+/// `EBPF_CNI_BIN` set to each build in turn, how much the policy maps add.
+/// A measurement, not a check: `cargo test … -- --ignored --nocapture first_add_cost`.
+#[test]
+#[ignore = "a measurement"]
+fn first_add_cost() {
+    for _ in 0..3 {
+        let Some(mut tb) = Testbed::for_test("first_add_cost", "polf", "10.224.0.0/24") else { return };
+        let pod = tb.new_pod().unwrap();
+        let started = std::time::Instant::now();
+        tb.add_attachment(pod).unwrap();
+        println!("first ADD: {:?}", started.elapsed());
+        tb.del(pod).unwrap();
+    }
+}

@@ -50,7 +50,7 @@ const VERIFY_ORDER: [&str; 12] = [
 /// Size of the Service LB's LRU maps on a network without it: a few pages each.
 const UNUSED_LRU_ENTRIES: u32 = 256;
 
-const MAPS: [&str; 28] = [
+const MAPS: [&str; 31] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -79,6 +79,10 @@ const MAPS: [&str; 28] = [
     names::POLICY_RULES,
     names::POLICY_FLOWS,
     names::POLICY_COUNTS,
+    // `ebpf-cni monitor`'s (new in layout v4's second release: 9ad4fe6's pins lack them).
+    names::MONITOR_EVENTS,
+    names::MONITOR_CONTROL,
+    names::MONITOR_BUDGET,
 ];
 
 impl Datapath {
