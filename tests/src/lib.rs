@@ -18,6 +18,7 @@ pub mod lan;
 pub mod monitor;
 pub mod netpol;
 mod plugin;
+pub mod policy_maps;
 mod privileges;
 pub mod probe;
 pub mod prog_run;

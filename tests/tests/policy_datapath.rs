@@ -4,130 +4,26 @@
 //! forged ACK or reply from an unallowed peer opens nothing.
 use std::{
     io::{Read, Write},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener, TcpStream},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener, TcpStream},
     path::Path,
     time::Duration,
 };
 
-use aya::maps::{
-    Array, HashMap, Map, MapData, PerCpuArray,
-    lpm_trie::{Key, LpmTrie},
-};
+use aya::maps::{Array, MapData};
 use ebpf_cni_tests::{
     Attached, Cluster, NODE_IP, Testbed,
     frames::{self, ethernet},
+    policy_maps::{A, B, C, Policy, TCP, UDP, open},
     probe::{self, Servers},
     prog_run::{self, TC_ACT_SHOT},
     run_in,
     traffic::in_netns,
 };
 use ebpf_common::{
-    DropReason, Endpoint, FlowKey, IDENTITY_HOST, IDENTITY_WORLD, IpKey, POLICY_DIRECTION_EGRESS,
-    POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED, POLICY_INGRESS_ISOLATED, POLICY_RULE_ANY_PORT_BITS,
-    POLICY_RULE_FULL_BITS, PolicyCount, PolicyEndpoint, PolicyFlow, PolicyIdentity, PolicyRule, PolicyRuleKey,
-    host_veth_slot, identity_prefix_len, names,
+    DropReason, IDENTITY_HOST, IpKey, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED,
+    POLICY_INGRESS_ISOLATED, PolicyEndpoint, host_veth_slot, names,
 };
 use serde_json::{Value, json};
-
-const TCP: u8 = 6;
-const UDP: u8 = 17;
-
-/// The pinned policy maps of one node, opened as the agent opens them.
-struct Policy {
-    identities: LpmTrie<MapData, IpKey, PolicyIdentity>,
-    subjects: Array<MapData, PolicyEndpoint>,
-    rules: LpmTrie<MapData, PolicyRuleKey, PolicyRule>,
-    flows: HashMap<MapData, FlowKey, PolicyFlow>,
-    counts: PerCpuArray<MapData, PolicyCount>,
-    endpoints: HashMap<MapData, IpKey, Endpoint>,
-}
-
-fn open(tb: &Testbed, name: &str) -> Map {
-    let pin = tb.map_pin(name);
-    Map::from_map_data(MapData::from_pin(Path::new(&pin)).unwrap()).unwrap()
-}
-
-fn ip_key(ip: IpAddr) -> IpKey {
-    match ip {
-        IpAddr::V4(v4) => IpKey::v4(v4.octets()),
-        IpAddr::V6(v6) => IpKey::v6(v6.octets()),
-    }
-}
-
-impl Policy {
-    fn open(tb: &Testbed) -> Self {
-        let mut policy = Self {
-            identities: LpmTrie::try_from(open(tb, names::POLICY_IDENTITIES)).unwrap(),
-            subjects: Array::try_from(open(tb, names::POLICY_ENDPOINTS)).unwrap(),
-            rules: LpmTrie::try_from(open(tb, names::POLICY_RULES)).unwrap(),
-            flows: HashMap::try_from(open(tb, names::POLICY_FLOWS)).unwrap(),
-            counts: PerCpuArray::try_from(open(tb, names::POLICY_COUNTS)).unwrap(),
-            endpoints: HashMap::try_from(open(tb, names::ENDPOINTS)).unwrap(),
-        };
-        policy.identity_prefix(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0, IDENTITY_WORLD);
-        policy.identity_prefix(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0, IDENTITY_WORLD);
-        policy
-    }
-
-    fn identity_prefix(&mut self, ip: IpAddr, bits: u32, identity: u32) {
-        let key = Key::new(identity_prefix_len(bits), ip_key(ip));
-        self.identities.insert(&key, PolicyIdentity { identity, pad: 0 }, 0).unwrap();
-    }
-
-    fn identity(&mut self, ip: impl Into<IpAddr>, identity: u32) {
-        let ip = ip.into();
-        self.identity_prefix(ip, if ip.is_ipv4() { 32 } else { 128 }, identity);
-    }
-
-    /// Makes the pod at `ip` (on this node) subject `identity`, isolated by `flags`.
-    fn subject(&mut self, ip: impl Into<IpAddr>, identity: u32, flags: u32, ingress_slot: u32, egress_slot: u32) {
-        let ep = self.endpoints.get(&ip_key(ip.into()), 0).unwrap();
-        let slot = PolicyEndpoint {
-            ifindex: ep.host_ifindex,
-            flags,
-            owner: ep.owner,
-            identity,
-            ingress_slot,
-            egress_slot,
-            pad: 0,
-        };
-        self.subjects.set(host_veth_slot(ep.host_ifindex), slot, 0).unwrap();
-    }
-
-    /// Allows `subject` ↔ `peer` in `direction` for `protocol`, on `port` or every port.
-    fn allow(&mut self, subject: u32, peer: u32, direction: u8, protocol: u8, port: Option<u16>, slot: u32) {
-        let bits = if port.is_some() { POLICY_RULE_FULL_BITS } else { POLICY_RULE_ANY_PORT_BITS };
-        let data =
-            PolicyRuleKey { subject, peer, direction, protocol, port_be: port.unwrap_or_default().to_be_bytes() };
-        self.rules.insert(&Key::new(bits, data), PolicyRule { slot, pad: 0 }, 0).unwrap();
-    }
-
-    /// `POLICY_FLOWS` entries with `ip` on either side.
-    fn flows_of(&self, ip: impl Into<IpAddr>) -> usize {
-        let key = ip_key(ip.into()).addr;
-        self.flows.keys().filter_map(Result::ok).filter(|k| k.src_addr == key || k.dst_addr == key).count()
-    }
-
-    fn all_flows(&self) -> Vec<FlowKey> {
-        self.flows.keys().filter_map(Result::ok).collect()
-    }
-
-    fn forget_flows(&mut self) {
-        for key in self.all_flows() {
-            let _ = self.flows.remove(&key);
-        }
-    }
-
-    /// (allowed, denied) flows counted on `slot`, over the CPUs.
-    fn counted(&self, slot: u32) -> (u64, u64) {
-        let values = self.counts.get(&slot, 0).unwrap();
-        values.iter().fold((0, 0), |(a, d), c| (a + c.allowed_flows, d + c.denied_flows))
-    }
-}
-
-const A: u32 = 256;
-const B: u32 = 257;
-const C: u32 = 258;
 
 fn v4(pod: &Attached) -> Ipv4Addr {
     pod.ip
@@ -452,6 +348,22 @@ fn a_service_translated_by_the_stack_is_judged_against_its_backend() {
     drop(servers);
     drop(policy);
     for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// A network's first ADD (programs loaded, maps created and pinned), timed: with
+/// `EBPF_CNI_BIN` set to each build in turn, how much the policy maps add.
+/// A measurement, not a check: `cargo test … -- --ignored --nocapture first_add_cost`.
+#[test]
+#[ignore = "a measurement"]
+fn first_add_cost() {
+    for _ in 0..3 {
+        let Some(mut tb) = Testbed::for_test("first_add_cost", "polf", "10.224.0.0/24") else { return };
+        let pod = tb.new_pod().unwrap();
+        let started = std::time::Instant::now();
+        tb.add_attachment(pod).unwrap();
+        println!("first ADD: {:?}", started.elapsed());
         tb.del(pod).unwrap();
     }
 }

@@ -6,6 +6,7 @@
 //! - `identity.rs`: the peer's identity (`POLICY_IDENTITIES`).
 //! - `rules.rs`: whether an isolated subject's rules allow a new flow (`POLICY_RULES`).
 //! - `flows.rs`: the cached verdicts of allowed flows (`POLICY_FLOWS`): aging, closing.
+//! - `budget.rs`: how many new flows one pod may have remembered per second.
 //! - `verdict.rs`: the checks themselves, and what a verdict counts and reports.
 //! - `scratch.rs`: the checks' working memory (a per-CPU map value: the callers' frames leave
 //!   them little stack).
@@ -16,6 +17,7 @@
 //! nodes, per-packet Services by way of [`after_translation`]) and `to_pod` (whatever the
 //! stack delivers). A pod some policy isolates for ingress also has what it hands the stack
 //! noted (`POLICY_FLOW_VIA_STACK`), for the replies the stack translates back.
+pub mod budget;
 mod flows;
 mod identity;
 mod rules;
