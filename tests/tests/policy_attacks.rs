@@ -1,0 +1,208 @@
+//! Attacks on NetworkPolicy enforcement, performed in real namespaces: each test is one way a
+//! pod, a LAN host or a forged packet might get past a policy that denies it. The maps are
+//! written straight from the test, as the agent would (`policy_datapath.rs` does the same).
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
+    path::Path,
+};
+
+use aya::maps::{
+    Array, HashMap, Map, MapData,
+    lpm_trie::{Key, LpmTrie},
+};
+use ebpf_cni_tests::{
+    NODE_IP, Testbed,
+    frames::{self, ethernet},
+    probe::{self, Servers},
+    run_in,
+    traffic::PacketSocket,
+};
+use ebpf_common::{
+    Endpoint, IDENTITY_HOST, IDENTITY_WORLD, IpKey, POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED,
+    POLICY_INGRESS_ISOLATED, POLICY_RULE_FULL_BITS, PolicyEndpoint, PolicyIdentity, PolicyRule, PolicyRuleKey,
+    host_veth_slot, identity_prefix_len, names,
+};
+
+const TCP: u8 = 6;
+const A: u32 = 256;
+const B: u32 = 257;
+
+/// The pinned policy maps of one node, written as the agent writes them.
+struct Policy {
+    identities: LpmTrie<MapData, IpKey, PolicyIdentity>,
+    subjects: Array<MapData, PolicyEndpoint>,
+    rules: LpmTrie<MapData, PolicyRuleKey, PolicyRule>,
+    endpoints: HashMap<MapData, IpKey, Endpoint>,
+}
+
+fn open(tb: &Testbed, name: &str) -> Map {
+    let pin = tb.map_pin(name);
+    Map::from_map_data(MapData::from_pin(Path::new(&pin)).unwrap()).unwrap()
+}
+
+fn ip_key(ip: IpAddr) -> IpKey {
+    match ip {
+        IpAddr::V4(v4) => IpKey::v4(v4.octets()),
+        IpAddr::V6(v6) => IpKey::v6(v6.octets()),
+    }
+}
+
+impl Policy {
+    fn open(tb: &Testbed) -> Self {
+        let mut policy = Self {
+            identities: LpmTrie::try_from(open(tb, names::POLICY_IDENTITIES)).unwrap(),
+            subjects: Array::try_from(open(tb, names::POLICY_ENDPOINTS)).unwrap(),
+            rules: LpmTrie::try_from(open(tb, names::POLICY_RULES)).unwrap(),
+            endpoints: HashMap::try_from(open(tb, names::ENDPOINTS)).unwrap(),
+        };
+        let world = Key::new(identity_prefix_len(0), ip_key(IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
+        policy.identities.insert(&world, PolicyIdentity { identity: IDENTITY_WORLD, pad: 0 }, 0).unwrap();
+        // The node's own address, as the agent writes it.
+        policy.identity(NODE_IP.parse::<Ipv4Addr>().unwrap(), IDENTITY_HOST);
+        policy
+    }
+
+    fn identity(&mut self, ip: Ipv4Addr, identity: u32) {
+        let key = Key::new(identity_prefix_len(32), IpKey::v4(ip.octets()));
+        self.identities.insert(&key, PolicyIdentity { identity, pad: 0 }, 0).unwrap();
+    }
+
+    fn subject(&mut self, ip: Ipv4Addr, identity: u32, flags: u32) {
+        let ep = self.endpoints.get(&IpKey::v4(ip.octets()), 0).unwrap();
+        let slot = PolicyEndpoint {
+            ifindex: ep.host_ifindex,
+            flags,
+            owner: ep.owner,
+            identity,
+            ingress_slot: 1,
+            egress_slot: 2,
+            pad: 0,
+        };
+        self.subjects.set(host_veth_slot(ep.host_ifindex), slot, 0).unwrap();
+    }
+
+    fn allow_port(&mut self, subject: u32, peer: u32, direction: u8, protocol: u8, port: u16) {
+        let data = PolicyRuleKey { subject, peer, direction, protocol, port_be: port.to_be_bytes() };
+        self.rules.insert(&Key::new(POLICY_RULE_FULL_BITS, data), PolicyRule { slot: 3, pad: 0 }, 0).unwrap();
+    }
+}
+
+fn reaches_tcp(netns: &str, at: impl Into<SocketAddr>) -> bool {
+    probe::ask_tcp(netns, at).is_ok()
+}
+
+/// kube-proxy's NodePort (DNAT on the node's address, and MASQUERADE, as it marks NodePort
+/// traffic) in front of an ingress-isolated backend: the masqueraded packet reaches the
+/// backend from the node's own address. The node's free pass (kubelet's probes) is for what
+/// the node itself sends, not for whatever the stack forwarded and rewrote to its address: a
+/// pod the backend does not allow must not get in through the NodePort.
+#[test]
+fn a_pod_through_a_masquerading_nodeport_is_not_the_node() {
+    let test = "a_pod_through_a_masquerading_nodeport_is_not_the_node";
+    let Some(mut tb) = Testbed::for_test(test, "atk1", "10.231.0.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let ns: Vec<String> = tb.pods.iter().map(|p| p.netns.name.clone()).collect();
+    let mut servers = Servers::default();
+    servers.tcp(&ns[1], SocketAddrV4::new(b.ip, 8080)).unwrap();
+    run_in(&tb.node.name, "sysctl", &["-qw", "net.ipv4.ip_forward=1"]).unwrap();
+    let to = format!("{}:8080", b.ip);
+    let dnat = ["-t", "nat", "-A", "PREROUTING", "-d", NODE_IP, "-p", "tcp", "--dport", "30080", "-j", "DNAT"];
+    run_in(&tb.node.name, "iptables", &[&dnat[..], &["--to-destination", &to]].concat()).unwrap();
+    let b_ip = b.ip.to_string();
+    let masq = ["-t", "nat", "-A", "POSTROUTING", "-d", &b_ip, "-p", "tcp", "--dport", "8080", "-j", "MASQUERADE"];
+    run_in(&tb.node.name, "iptables", &masq).unwrap();
+    let nodeport = SocketAddrV4::new(NODE_IP.parse().unwrap(), 30080);
+    assert!(reaches_tcp(&ns[0], nodeport), "a → NodePort → b without policy");
+
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    // b lets nothing in (the node's own probes aside).
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED);
+    assert!(reaches_tcp(&tb.node.name, SocketAddrV4::new(b.ip, 8080)), "the node's own probe → b");
+    assert!(!reaches_tcp(&ns[0], SocketAddrV4::new(b.ip, 8080)), "a → b straight: denied");
+    assert!(!reaches_tcp(&ns[0], nodeport), "a → NodePort → b: masqueraded to the node's address, let in as the node");
+    // b's hairpin through its own NodePort (masqueraded too) is still b's own business.
+    assert!(reaches_tcp(&ns[1], nodeport), "b → NodePort → b (hairpin)");
+    drop(servers);
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// A TCP first fragment (offset 0, more fragments) whose 8 bytes of TCP header hold the ports
+/// but not the flags: the policy's parser could not read the 14 bytes it wants and let the
+/// packet through unjudged, to a port no rule allows. With later fragments passing (once the
+/// reassembly of allowed flows' fragments is fixed), the receiver would get a whole segment.
+#[test]
+fn a_tcp_first_fragment_too_short_for_its_flags_is_judged() {
+    let test = "a_tcp_first_fragment_too_short_for_its_flags_is_judged";
+    let Some(mut tb) = Testbed::for_test(test, "atk2", "10.232.0.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let ns: Vec<String> = tb.pods.iter().map(|p| p.netns.name.clone()).collect();
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    // b lets a in on TCP 8080 only.
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED);
+    policy.allow_port(B, A, POLICY_DIRECTION_INGRESS, TCP, 8080);
+
+    let sender = PacketSocket::open(&ns[0], "eth0").unwrap();
+    let receiver = PacketSocket::open(&ns[1], "eth0").unwrap();
+    let _ = receiver.received();
+    let frame = |tcp: &[u8], more_fragments: bool| {
+        let mut ip = frames::ipv4(a.ip, b.ip, TCP, tcp);
+        if more_fragments {
+            ip[6] = 0x20;
+        }
+        ip[4..6].copy_from_slice(&0x4242u16.to_be_bytes());
+        let sum = frames::checksum(&ip[..20]);
+        ip[10..12].copy_from_slice(&sum.to_be_bytes());
+        [ethernet(a.host_mac, a.pod_mac, 0x0800), ip].concat()
+    };
+    let to_port = |frames: &[Vec<u8>], port: u16| {
+        frames.iter().filter(|f| f.len() >= 38 && f[30..34] == b.ip.octets() && f[36..38] == port.to_be_bytes()).count()
+    };
+    // Control: a whole SYN to 9090 is denied.
+    let syn = frames::tcp(40_000, 9090, 0x02);
+    sender.send(&frame(&syn, false)).unwrap();
+    assert_eq!(to_port(&receiver.received(), 9090), 0, "a whole SYN to b:9090 got in");
+    // The attack: the same SYN's first 8 bytes as a first fragment.
+    sender.send(&frame(&syn[..8], true)).unwrap();
+    assert_eq!(to_port(&receiver.received(), 9090), 0, "a first fragment without TCP flags got into b:9090 unjudged");
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// An egress-isolated pod whose policy allows nothing out still reaches every service of its
+/// own node (kubelet, a hostNetwork pod's server, the node's sshd): a packet to one of the
+/// node's addresses goes to the stack, which delivers it locally, and the egress check is taken
+/// only where the stack forwards. Not fixed: see the report (the check before the stack's DNAT
+/// would judge a kube-proxy NodePort against the node's address, not against its backend).
+#[test]
+#[ignore = "known hole: egress isolation does not cover the node's own addresses (delivered locally by the \
+            stack, never forwarded, so neither from_pod nor to_pod/to_uplink judge it)"]
+fn an_egress_isolated_pod_does_not_reach_its_node() {
+    let test = "an_egress_isolated_pod_does_not_reach_its_node";
+    let Some(mut tb) = Testbed::for_test(test, "atk3", "10.233.0.0/24") else { return };
+    let pods = tb.add_attachments(1).unwrap();
+    let a = &pods[0];
+    let ns = tb.pods[0].netns.name.clone();
+    let mut servers = Servers::default();
+    let on_node = SocketAddrV4::new(NODE_IP.parse().unwrap(), 10250);
+    servers.tcp(&tb.node.name, on_node).unwrap();
+    assert!(reaches_tcp(&ns, on_node), "a → the node's 10250 without policy");
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    // a: egress isolated, nothing allowed out.
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED);
+    assert!(!reaches_tcp(&ns, on_node), "a (no egress allowed) → the node's 10250");
+    drop(servers);
+    drop(policy);
+    tb.del(0).unwrap();
+}
