@@ -4,6 +4,7 @@
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4},
     path::Path,
+    process::Command,
 };
 
 use aya::maps::{
@@ -23,6 +24,7 @@ use ebpf_common::{
     POLICY_INGRESS_ISOLATED, POLICY_RULE_FULL_BITS, PolicyEndpoint, PolicyIdentity, PolicyRule, PolicyRuleKey,
     host_veth_slot, identity_prefix_len, names,
 };
+use serde_json::{Value, json};
 
 const TCP: u8 = 6;
 const A: u32 = 256;
@@ -310,4 +312,65 @@ fn a_lan_host_forging_a_remote_pods_address_is_not_that_pod() {
     drop(policy);
     lan.del_pod(0, 0).unwrap();
     lan.del_pod(1, 0).unwrap();
+}
+
+fn pod_object(namespace: &str, name: &str, labels: Value, ip: Ipv4Addr) -> Value {
+    json!({
+        "metadata": {"namespace": namespace, "name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]},
+    })
+}
+
+fn policy_set(tb: &Testbed, input: &Value) {
+    let file = tb.data_dir().join("policy-input.json");
+    std::fs::create_dir_all(tb.data_dir()).unwrap();
+    std::fs::write(&file, input.to_string()).unwrap();
+    let out = Command::new(&tb.plugin.binary)
+        .args(["policy-set", "--network", &tb.network, "--bpffs-root"])
+        .arg(tb.bpffs_root())
+        .arg("--input")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "policy-set: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A second Pod object whose `status.podIPs` claims a policy-isolated pod's address (a pod whose
+/// address was reused while its object lingers, or a status written by a compromised kubelet):
+/// the compiler gave the address's identity to one pod and the address itself to the other,
+/// so the isolated pod was no subject any more, and everything got in.
+#[test]
+fn a_second_pod_claiming_an_isolated_pods_address_does_not_lift_its_isolation() {
+    let test = "a_second_pod_claiming_an_isolated_pods_address_does_not_lift_its_isolation";
+    let Some(mut tb) = Testbed::for_test(test, "atk6", "10.236.0.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let ns: Vec<String> = tb.pods.iter().map(|p| p.netns.name.clone()).collect();
+    let mut servers = Servers::default();
+    servers.tcp(&ns[1], SocketAddrV4::new(b.ip, 8080)).unwrap();
+    let deny_all = json!([{
+        "metadata": {"namespace": "x", "name": "deny-in"},
+        "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"]},
+    }]);
+    let input = |extra: Vec<Value>| {
+        let mut pods = vec![
+            pod_object("x", "a", json!({"app": "client"}), a.ip),
+            pod_object("x", "b", json!({"app": "server"}), b.ip),
+        ];
+        pods.extend(extra);
+        json!({
+            "namespaces": [{"metadata": {"name": "x"}}, {"metadata": {"name": "zzz"}}],
+            "pods": pods,
+            "networkPolicies": deny_all,
+        })
+    };
+    policy_set(&tb, &input(vec![]));
+    assert!(!reaches_tcp(&ns[0], SocketAddrV4::new(b.ip, 8080)), "a → b: b lets nothing in");
+    policy_set(&tb, &input(vec![pod_object("zzz", "rogue", json!({}), b.ip)]));
+    assert!(!reaches_tcp(&ns[0], SocketAddrV4::new(b.ip, 8080)), "a → b once a rogue pod claims b's address");
+    drop(servers);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
 }
