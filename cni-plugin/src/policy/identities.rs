@@ -111,10 +111,13 @@ pub fn build(input: &Input, blocks: &BTreeSet<Block>, interner: &mut Interner, p
                 problems.push(format!("pod {}/{} has the node's address {ip}: taken as the node", key.0, key.1));
                 continue;
             }
-            if let Some(first) = owner.insert(*ip, key) {
+            // The first pod keeps the address (and its identity, and its subject): a later
+            // claim must not take the address away from the pod its identity describes.
+            if let Some(first) = owner.get(ip) {
                 problems.push(format!("pods {}/{} and {}/{} both have {ip}: left out", first.0, first.1, key.0, key.1));
                 continue;
             }
+            owner.insert(*ip, key);
             let host = Prefix::host(*ip);
             keyed.entry(IdentityKey { pod: Some(part.clone()), blocks: in_blocks(&host) }).or_default().push(host);
         }

@@ -77,8 +77,9 @@ fn load(ctx: &TcContext, offset: usize, to: *mut u8, len: usize) -> bool {
     unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), offset as u32, to.cast(), len as u32) == 0 }
 }
 
-/// Reads the tuple of an IPv4 or IPv6 packet into `s`; false for anything else, a truncated
-/// header, and ICMPv6 neighbour discovery and MLD (link-scope, never a policy's business).
+/// Reads the tuple of an IPv4 or IPv6 packet into `s`; false for anything else, a truncated IP
+/// header, and ICMPv6 neighbour discovery and MLD (link-scope, never a policy's business). An
+/// L4 header too short for its ports leaves them 0: rules with ports never allow it.
 #[inline(always)]
 pub fn parse(ctx: &TcContext, s: &mut Scratch) -> bool {
     if !load(ctx, core::mem::offset_of!(EthHdr, ether_type), s.l4.as_mut_ptr(), 2) {
@@ -128,8 +129,10 @@ pub fn parse(ctx: &TcContext, s: &mut Scratch) -> bool {
     match protocol {
         PROTO_TCP | PROTO_UDP | PROTO_SCTP => {
             let len = if protocol == PROTO_TCP { 14 } else { 4 };
+            // Too short for its ports and flags (a first fragment of 8 bytes): judged as a
+            // packet without ports, not let through unjudged.
             if !load(ctx, l4, l4_bytes, len) {
-                return false;
+                return true;
             }
             let h = &s.l4;
             s.key.src_port = u16::from_be_bytes([h[0], h[1]]);
@@ -141,7 +144,7 @@ pub fn parse(ctx: &TcContext, s: &mut Scratch) -> bool {
         PROTO_ICMP | PROTO_ICMPV6 => {
             // Type, code, checksum, identifier.
             if !load(ctx, l4, l4_bytes, 6) {
-                return false;
+                return true;
             }
             let h = &s.l4;
             if protocol == PROTO_ICMPV6 && (130..=143).contains(&h[0]) {

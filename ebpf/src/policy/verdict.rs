@@ -99,8 +99,8 @@ fn cached(s: &mut Scratch) -> bool {
     true
 }
 
-/// A new flow's verdict (see the module's comment); remembers an allowed one. This node's own
-/// addresses (`IDENTITY_HOST`: kubelet's probes) are always allowed in.
+/// A new flow's verdict (see the module's comment); remembers an allowed one. What this node
+/// itself sends (`IDENTITY_HOST`: kubelet's probes) is always allowed in.
 #[inline(always)]
 fn judge(ctx: &TcContext, s: &mut Scratch) -> bool {
     let direction = s.direction;
@@ -111,7 +111,7 @@ fn judge(ctx: &TcContext, s: &mut Scratch) -> bool {
     let mut verdict = Some(0);
     if isolated {
         let peer = identity::of(s, !egress);
-        verdict = if !egress && peer == IDENTITY_HOST {
+        verdict = if !egress && peer == IDENTITY_HOST && sent_by_the_node(ctx, s) {
             Some(0)
         } else {
             rules::allowing(s, peer, direction, s.key.dst_port)
@@ -137,6 +137,19 @@ fn judge(ctx: &TcContext, s: &mut Scratch) -> bool {
     let side = if egress == original { POLICY_FLOW_OPENER_OK } else { POLICY_FLOW_RESPONDER_OK };
     flows::remember(s, original, side, slot);
     true
+}
+
+/// Whether a packet from one of the node's addresses is the node's own (kubelet's probes): the
+/// node sent it (no interface it arrived on), or the pod itself did and the stack's NAT gave it
+/// the node's address on its way back (a hairpin through its own NodePort). Anything else the
+/// stack forwarded with the node's address was masqueraded (kube-proxy's NodePort: any client,
+/// another pod or the LAN, behind it) or forged on the LAN (IPv6 has no martian-source check):
+/// judged by the rules like any peer, with the node's address's identity.
+#[inline(always)]
+fn sent_by_the_node(ctx: &TcContext, s: &Scratch) -> bool {
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    let arrived_on = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    arrived_on == 0 || arrived_on == s.subject.ifindex
 }
 
 #[inline(always)]

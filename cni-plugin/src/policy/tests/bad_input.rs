@@ -72,8 +72,11 @@ fn ten_thousand_rules() {
 #[test]
 fn two_pods_claiming_one_address() {
     let mut w = World::xyz();
-    let ip = super::v4("x/a").to_string();
-    w.input.apply_pod(&super::pod("y", "impostor", json!({"pod": "b"}), &[&ip]));
+    let (ip, ip6) = (super::v4("x/a").to_string(), super::v6("x/a").to_string());
+    w.input.apply_pod(&super::pod("y", "impostor", json!({"pod": "b"}), &[&ip, &ip6]));
     w.add("x", "p", json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}));
     assert!(w.out.problems.iter().any(|p| p.contains("both have")), "{:?}", w.out.problems);
+    // The first pod keeps its address: still isolated, still letting in only its own peers.
+    assert!(!w.allows("x/c", "x/a", TCP, 80), "the impostor's claim lifted x/a's isolation");
+    assert!(w.allows("x/b", "x/a", TCP, 80));
 }
