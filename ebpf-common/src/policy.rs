@@ -149,3 +149,10 @@ pub const fn identity_prefix_len(prefix_bits: u32) -> u32 {
 
 /// The same key type as `ENDPOINTS`, so a packet's address is looked up in both without copying.
 pub type IdentityKey = IpKey;
+
+/// [`PolicyFlow::flags`]: the opener's side allowed the flow (its egress, on this node), in the
+/// entries of both directions. A packet out of the opener, or into it (a reply), needs it.
+pub const POLICY_FLOW_OPENER_OK: u32 = 4;
+/// The responder's side allowed the flow (its ingress, on this node): a packet into the
+/// responder, or out of it (a reply), needs it.
+pub const POLICY_FLOW_RESPONDER_OK: u32 = 8;

@@ -12,11 +12,23 @@ use aya_ebpf::{
 use ebpf_common::{DropReason, ENDPOINT_EGRESS_SHAPED, ENDPOINT_SHAPED, Endpoint, FAST_PATH_MARK, ForwardPath};
 use network_types::eth::EthHdr;
 
-use crate::{maps, packet};
+use crate::{maps, packet, policy};
 
 /// Only valid from a TC ingress hook (the helper's requirement). Counted on `path`.
 #[inline(always)]
 pub fn into_pod(ctx: &TcContext, pod: &Endpoint, path: ForwardPath) -> i32 {
+    // NetworkPolicy: the pod's ingress, on every path that delivers here (same node, other
+    // nodes, per-packet Service translation by way of `policy::after_translation`).
+    if pod.flags & ENDPOINT_EGRESS_SHAPED == 0 && !policy::ingress_allowed(ctx, pod.host_ifindex, Some(pod.owner)) {
+        return maps::drop(ctx, DropReason::PolicyDenied);
+    }
+    into_pod_unchecked(ctx, pod, path)
+}
+
+/// [`into_pod`] without the NetworkPolicy check: for a pod no policy isolates (the Service
+/// programs' deep frames, which have no stack left for the check).
+#[inline(always)]
+pub fn into_pod_unchecked(ctx: &TcContext, pod: &Endpoint, path: ForwardPath) -> i32 {
     // A pod with an egress limit sends everything through the node's stack (`from_pod.rs`): what
     // it receives goes that way too, unchanged, or conntrack would see only the replies of the
     // flows others open to it (a SYN-ACK first: INVALID, which kube-proxy drops).

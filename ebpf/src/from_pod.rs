@@ -14,6 +14,10 @@
 //!    packet goes through the stack, whose conntrack undoes what it translated; and unless the
 //!    pod has an egress limit: its packets go on to the next filter (the limit's IFB), then to
 //!    the stack.
+//!
+//! Between 2 and 3, a pod some NetworkPolicy isolates has its egress checked (`policy/`): for
+//! packets to pods only; what goes to the node's stack is checked where the stack forwards it,
+//! after its own translation (`to_uplink`, `to_pod`).
 //! 5. Anything else IPv4 goes to the node's stack (`packet::PASS`): the node's own addresses,
 //!    service addresses that kube-proxy translates, and the outside, which is masqueraded on
 //!    the way out of the uplink (`snat.rs`), after the node's own NAT rules had their say.
@@ -24,7 +28,7 @@ use network_types::{
     ip::Ipv4Hdr,
 };
 
-use crate::{arp, config, deliver, fib, ipv6, maps, packet, sender, stack_epoch, steer};
+use crate::{arp, config, deliver, fib, ipv6, maps, packet, policy, sender, stack_epoch, steer};
 
 #[inline(always)]
 pub fn handle(ctx: &TcContext) -> i32 {
@@ -76,6 +80,9 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     // to the stack, and `to_uplink` keeps it in the node): the stack's.
     if peer.is_none() && (config.in_node_pods(dst) || !config.in_cluster(dst)) {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
+    }
+    if !policy::egress_allowed(ctx, own.owner) {
+        return maps::drop(ctx, DropReason::PolicyDenied);
     }
     // Its own stack flows: its replies to flows the stack delivered, and a SYN that must forget
     // the other direction's old entry (`steer.rs`); the peer's: the other direction of those.

@@ -16,7 +16,7 @@ use ebpf_common::{DropReason, ENDPOINT_EGRESS_SHAPED, ENDPOINT_LINK_LOCAL, Forwa
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{
-    config, deliver, fib, maps, ndp, packet,
+    config, deliver, fib, maps, ndp, packet, policy,
     sender::{self, Sender},
     stack_epoch, steer,
 };
@@ -78,6 +78,10 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     // unassigned address of this node's subnet).
     if peer.is_none() && (config.in_node_pods6(&dst) || !config.in_cluster6(&dst)) {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
+    }
+    // NetworkPolicy, as for IPv4.
+    if !policy::egress_allowed(ctx, own.owner) {
+        return maps::drop(ctx, DropReason::PolicyDenied);
     }
     // As for IPv4 (`from_pod.rs`): only flagged pods' flows are looked up in `FLOWS`.
     let flagged = stack_epoch::live_epoch(own.stack_epoch) || peer.is_some_and(|p| stack_epoch::live(unsafe { &*p }));

@@ -51,6 +51,8 @@ mod packet;
 #[cfg(target_arch = "bpf")]
 mod pod_flows;
 #[cfg(target_arch = "bpf")]
+mod policy;
+#[cfg(target_arch = "bpf")]
 mod port_search;
 #[cfg(target_arch = "bpf")]
 mod rev_snat;
@@ -100,7 +102,7 @@ mod programs {
     /// TC egress of the uplink: masquerade pod → outside, and flows the stack sent to other nodes.
     #[classifier]
     pub fn to_uplink(ctx: TcContext) -> i32 {
-        crate::to_uplink::egress(&ctx)
+        crate::to_uplink::program(ctx)
     }
 
     /// TC ingress of the uplink: replies to masqueraded flows, other nodes' pods, the outside.

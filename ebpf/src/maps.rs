@@ -2,14 +2,16 @@
 //! The plugin pins them per network; the sizes are documented on the constants in ebpf-common.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
     programs::TcContext,
 };
 use ebpf_common::{
     Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
     FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, HOST_VETHS_SLOTS, HostVeth, IpKey, NAT_MAX_ENTRIES,
-    NAT_SHARES_MAX_ENTRIES, NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES, PodFlows, Share, ShareKey,
+    NAT_SHARES_MAX_ENTRIES, NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES, POLICY_FLOWS_MAX_ENTRIES,
+    POLICY_IDENTITIES_MAX_ENTRIES, POLICY_RULES_MAX_ENTRIES, POLICY_SLOTS, PodFlows, PolicyCount, PolicyEndpoint,
+    PolicyFlow, PolicyIdentity, PolicyRule, PolicyRuleKey, Share, ShareKey,
 };
 
 /// Hash maps whose entries are allocated when inserted: creating a preallocated map of 65,536
@@ -79,6 +81,34 @@ pub static METRICS: PerCpuArray<Counter, { DropReason::SLOTS as usize }> = PerCp
 /// Packets let through, by the path they took (`ForwardPath`), per CPU.
 #[btf_map]
 pub static FORWARDED: PerCpuArray<Counter, { ForwardPath::SLOTS as usize }> = PerCpuArray::new();
+
+/// NetworkPolicy (`policy/`, ebpf-common's `policy.rs`): any address → its identity, longest
+/// prefix. Written by the agent.
+#[btf_map]
+pub static POLICY_IDENTITIES: LpmTrie<IpKey, PolicyIdentity, { POLICY_IDENTITIES_MAX_ENTRIES as usize }> =
+    LpmTrie::new();
+
+/// Each local pod as a policy subject, slot by its host veth as in `HOST_VETHS`. Written by the
+/// agent, cleared by DEL and GC.
+#[btf_map]
+pub static POLICY_ENDPOINTS: Array<PolicyEndpoint, { HOST_VETHS_SLOTS as usize }> = Array::new();
+
+/// What isolated subjects allow (longest prefix over protocol and port). Written by the agent.
+#[btf_map]
+pub static POLICY_RULES: LpmTrie<PolicyRuleKey, PolicyRule, { POLICY_RULES_MAX_ENTRIES as usize }> = LpmTrie::new();
+
+/// Verdicts of allowed flows, each direction (`policy/flows.rs`). LRU, written here only.
+#[btf_map]
+pub static POLICY_FLOWS: LruHashMap<FlowKey, PolicyFlow, { POLICY_FLOWS_MAX_ENTRIES as usize }> = LruHashMap::new();
+
+/// The policy check's working memory (`policy/scratch.rs`), per CPU. Not pinned: nothing
+/// outside this program run reads it.
+#[btf_map]
+pub static POLICY_SCRATCH: PerCpuArray<crate::policy::scratch::Scratch, 1> = PerCpuArray::new();
+
+/// Flows allowed and denied per policy slot, per CPU.
+#[btf_map]
+pub static POLICY_COUNTS: PerCpuArray<PolicyCount, { POLICY_SLOTS as usize }> = PerCpuArray::new();
 
 #[inline(always)]
 pub fn endpoint(key: &IpKey) -> Option<Endpoint> {

@@ -6,13 +6,13 @@
 //! cluster that came in through the uplink and opens a flow towards the pod's own address is
 //! recorded too (`FLOW_FROM_OUTSIDE`: the pod's replies keep its address). Here, after the
 //! node's netfilter has accepted and routed it, and not in `from_uplink`, where any packet from
-//! the LAN, with any flags, would do. Nothing is ever dropped here.
+//! the LAN, with any flags, would do. Nothing is dropped here but what NetworkPolicy denies.
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{DatapathConfig, FAST_PATH_MARK, IpKey};
+use ebpf_common::{DatapathConfig, DropReason, FAST_PATH_MARK, IpKey};
 
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
-use crate::{config, flow, flow6::Flow6, maps, ndp, packet, snat, snat6, stack_epoch, steer};
+use crate::{config, flow, flow6::Flow6, maps, ndp, packet, policy, snat, snat6, stack_epoch, steer};
 
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
@@ -21,6 +21,13 @@ pub fn egress(ctx: &TcContext) -> i32 {
     if unsafe { (*ctx.skb.skb).mark } == FAST_PATH_MARK {
         ctx.set_mark(0);
         return packet::PASS;
+    }
+    // NetworkPolicy (`policy/`): the pod's ingress, and the egress of a pod of this node whose
+    // packet the stack forwarded here (a Service's local backend, after kube-proxy's DNAT).
+    // SAFETY: as above.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    if !policy::ingress_allowed(ctx, ifindex, None) || !policy::forwarded_egress_allowed(ctx) {
+        return maps::drop(ctx, DropReason::PolicyDenied);
     }
     if flow::is_ipv6(ctx) {
         return ipv6(ctx);

@@ -11,8 +11,39 @@
 use aya_ebpf::programs::TcContext;
 use ebpf_common::{DropReason, FAST_PATH_MARK, ForwardPath, IpKey, ipv4_in_16};
 
-use crate::{config, flow, fragments, icmp_error, maps, node_echoes, packet, snat, stack_epoch, steer};
+use crate::{config, flow, fragments, icmp_error, maps, node_echoes, packet, policy, snat, stack_epoch, steer};
 
+/// NetworkPolicy first (`policy/`): the egress of the pod whose packet the stack forwarded here,
+/// after its translation; then [`egress`]. Two calls one after the other, not one inside the
+/// other: `egress`'s frame is 464 of the 512 bytes of stack a chain of calls may use.
+/// The contexts go by value: a reference would be one more stack slot in the entry's frame,
+/// which the verifier rounds up to 32 bytes.
+pub fn program(ctx: TcContext) -> i32 {
+    if policy_denies(TcContext::new(ctx.skb.skb)) {
+        return aya_ebpf::bindings::TC_ACT_SHOT as i32;
+    }
+    egress_of(ctx)
+}
+
+#[inline(never)]
+fn egress_of(ctx: TcContext) -> i32 {
+    egress(&ctx)
+}
+
+/// Whether NetworkPolicy drops the packet (counted); a frame of its own, as `egress` has.
+#[inline(never)]
+fn policy_denies(ctx: TcContext) -> bool {
+    let ctx = &ctx;
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    // From `from_pod`'s FIB redirect: judged there.
+    if unsafe { (*ctx.skb.skb).mark } == FAST_PATH_MARK || policy::forwarded_egress_allowed(ctx) {
+        return false;
+    }
+    maps::drop(ctx, DropReason::PolicyDenied);
+    true
+}
+
+#[inline(always)]
 pub fn egress(ctx: &TcContext) -> i32 {
     // SAFETY: `skb` is the context pointer the kernel passed in.
     // Left set: another network's `to_uplink` on this uplink must see it too (and netfilter,

@@ -11,7 +11,7 @@ use ebpf_common::{DropReason, ENDPOINT_LINK_LOCAL, FAST_PATH_MARK, ForwardPath, 
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 
 use crate::{
-    config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, node_echoes, packet, snat::Outcome, snat6,
+    config, deliver, flow, flow6::Flow6, icmp_error6, ipv6, maps, node_echoes, packet, policy, snat::Outcome, snat6,
     stack_epoch, steer,
 };
 
@@ -49,6 +49,10 @@ pub fn egress(ctx: &TcContext) -> i32 {
     let (owner, flags) = unsafe { ((*pod).owner, (*pod).flags) };
     if flags & ENDPOINT_LINK_LOCAL != 0 {
         return packet::PASS;
+    }
+    // NetworkPolicy: the pod's egress, after the stack's translation (`policy/`).
+    if !policy::forwarded_egress_allowed(ctx) {
+        return maps::drop(ctx, DropReason::PolicyDenied);
     }
     // To another node's pod through the stack (a Service's remote endpoint): its replies must
     // take the stack too (`steer.rs`).

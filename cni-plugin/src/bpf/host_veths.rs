@@ -80,7 +80,7 @@ impl Datapath {
                 slots.set(index, FREE, 0).cni(ErrorCode::DATAPATH, "cannot clear a HOST_VETHS slot")?;
             }
         }
-        Ok(())
+        super::policy_endpoints::release(&self.pins, removed)
     }
 
     /// Clears the slot of the attachment's host veth `ifindex` (DEL, by the veth it deletes) if
@@ -94,6 +94,7 @@ impl Datapath {
     /// Clears every slot whose owner `stale` picks (GC: a slot whose endpoints went without it,
     /// an ADD that failed between the two). Returns how many.
     pub fn clear_host_veths_where(&self, stale: impl Fn(u64) -> bool) -> CniResult<usize> {
+        super::policy_endpoints::clear_where(&self.pins, &stale)?;
         let Some(mut slots) = open(&self.pins)? else { return Ok(0) };
         let mut cleared = 0;
         for index in 0..HOST_VETHS_SLOTS {

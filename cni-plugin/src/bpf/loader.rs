@@ -50,7 +50,7 @@ const VERIFY_ORDER: [&str; 12] = [
 /// Size of the Service LB's LRU maps on a network without it: a few pages each.
 const UNUSED_LRU_ENTRIES: u32 = 256;
 
-const MAPS: [&str; 22] = [
+const MAPS: [&str; 27] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -73,6 +73,11 @@ const MAPS: [&str; 22] = [
     names::SVC_CLIENTS,
     names::SVC_REJECTS,
     names::SVC_REJECT_PROGS,
+    names::POLICY_IDENTITIES,
+    names::POLICY_ENDPOINTS,
+    names::POLICY_RULES,
+    names::POLICY_FLOWS,
+    names::POLICY_COUNTS,
 ];
 
 impl Datapath {
@@ -147,7 +152,8 @@ impl Datapath {
                 ebpf_common::FEATURE_OWNER_CHECKS
                     | ebpf_common::FEATURE_EGRESS_SHAPING
                     | ebpf_common::FEATURE_STACK_EPOCHS
-                    | ebpf_common::FEATURE_HOST_VETHS,
+                    | ebpf_common::FEATURE_HOST_VETHS
+                    | ebpf_common::FEATURE_POLICY,
                 0,
             )
             .cni(ErrorCode::DATAPATH, "cannot record the features")?;

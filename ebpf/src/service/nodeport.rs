@@ -34,7 +34,7 @@ use super::{
 use crate::{
     config,
     flow::{self, Flow, PROTO_TCP, PROTO_UDP},
-    maps, packet,
+    maps, packet, policy,
 };
 
 pub fn ingress(ctx: &TcContext) -> i32 {
@@ -51,13 +51,14 @@ pub fn ingress(ctx: &TcContext) -> i32 {
     // holding it in this frame: a call's stack adds to its caller's, 512 bytes in all, and
     // `svc_reject`'s tail call has to be made from here (a BPF function's callers may hold at
     // most 256 bytes for one).
-    match classify(ctx) {
+    // An isolated local backend's packet comes back translated, to be delivered from here.
+    let verdict = match classify(ctx) {
         Class::Pass => packet::PASS,
         // Without ports: an ICMP error may be about a translated flow (`icmp_error.rs`).
         Class::Unparsed => icmp_error::from_lan(ctx),
         Class::Service => {
             if let Some(verdict) = tracked(ctx) {
-                return verdict;
+                return policy::after_translation(ctx, verdict);
             }
             match new_flow(ctx) {
                 // Its first packet goes the way of every later one.
@@ -66,7 +67,8 @@ pub fn ingress(ctx: &TcContext) -> i32 {
                 verdict => verdict,
             }
         }
-    }
+    };
+    policy::after_translation(ctx, verdict)
 }
 
 enum Class {

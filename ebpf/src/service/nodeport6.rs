@@ -18,7 +18,7 @@ use crate::{
     flow::is_ipv6,
     flow::{PROTO_TCP, PROTO_UDP},
     flow6::{Flow6, IP_OFFSET},
-    ipv6, maps, packet,
+    ipv6, maps, packet, policy,
 };
 
 /// Where the destination address is in the IPv6 header.
@@ -35,13 +35,14 @@ pub fn ingress(ctx: &TcContext) -> i32 {
         return packet::PASS;
     }
     // BPF functions of their own, each parsing again, for the stack (see `nodeport.rs`).
-    match classify(ctx) {
+    // An isolated local backend's packet comes back translated, to be delivered from here.
+    let verdict = match classify(ctx) {
         Class::Pass => packet::PASS,
         // Without ports: an ICMPv6 error may be about a translated flow (`icmp_error6.rs`).
         Class::Unparsed => icmp_error6::from_lan(ctx),
         Class::Service => {
             if let Some(verdict) = tracked(ctx) {
-                return verdict;
+                return policy::after_translation(ctx, verdict);
             }
             match new_flow(ctx) {
                 OPENED => tracked(ctx).unwrap_or(packet::PASS),
@@ -49,7 +50,8 @@ pub fn ingress(ctx: &TcContext) -> i32 {
                 verdict => verdict,
             }
         }
-    }
+    };
+    policy::after_translation(ctx, verdict)
 }
 
 enum Class {

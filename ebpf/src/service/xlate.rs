@@ -8,7 +8,7 @@ use network_types::{eth::EthHdr, ip::Ipv4Hdr};
 use crate::{
     deliver, fib,
     flow::{Flow, IP_OFFSET, v4_from_16},
-    maps, packet,
+    maps, packet, policy,
     rewrite::{Side, rewrite},
 };
 
@@ -39,7 +39,12 @@ pub fn forward(ctx: &TcContext, flow: &Flow, entry: &SvcCtEntry) -> i32 {
 #[inline(always)]
 pub fn send(ctx: &TcContext, dst: [u8; 4]) -> i32 {
     if let Some(pod) = maps::endpoint(&IpKey::v4(dst)) {
-        return deliver::into_pod(ctx, &pod, ForwardPath::ServiceTranslated);
+        // An isolated backend's check needs more stack than this frame leaves: the program's
+        // entry delivers it (`policy::after_translation`).
+        if policy::subject::of_veth(pod.host_ifindex, Some(pod.owner)).is_some() {
+            return policy::DEFERRED;
+        }
+        return deliver::into_pod_unchecked(ctx, &pod, ForwardPath::ServiceTranslated);
     }
     let (Some(eth), Some(ip)) = (packet::header_mut::<EthHdr>(ctx, 0), packet::header_mut::<Ipv4Hdr>(ctx, IP_OFFSET))
     else {

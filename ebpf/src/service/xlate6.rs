@@ -7,7 +7,7 @@ use network_types::{eth::EthHdr, ip::Ipv6Hdr};
 use crate::{
     deliver, fib,
     flow6::{Flow6, IP_OFFSET},
-    maps, packet,
+    maps, packet, policy,
     rewrite::Side,
     rewrite6::rewrite,
 };
@@ -37,7 +37,12 @@ pub fn forward(ctx: &TcContext, flow: &Flow6, entry: &SvcCtEntry) -> i32 {
 #[inline(always)]
 pub fn send(ctx: &TcContext, dst: &[u8; 16]) -> i32 {
     if let Some(pod) = maps::endpoint(&IpKey::v6(*dst)) {
-        return deliver::into_pod(ctx, &pod, ForwardPath::ServiceTranslated);
+        // An isolated backend's check needs more stack than this frame leaves: the program's
+        // entry delivers it (`policy::after_translation`).
+        if policy::subject::of_veth(pod.host_ifindex, Some(pod.owner)).is_some() {
+            return policy::DEFERRED;
+        }
+        return deliver::into_pod_unchecked(ctx, &pod, ForwardPath::ServiceTranslated);
     }
     let (Some(eth), Some(ip)) = (packet::header_mut::<EthHdr>(ctx, 0), packet::header_mut::<Ipv6Hdr>(ctx, IP_OFFSET))
     else {

@@ -1,0 +1,92 @@
+//! `POLICY_FLOWS`: the verdicts of allowed flows, one entry per direction, so that each later
+//! packet of a flow, and each of its replies (UDP's too), costs one lookup. Written only for a
+//! flow some check allowed, never for a denied packet: a flood of those cannot evict anything.
+//!
+//! An entry says which side allowed the flow (`POLICY_FLOW_OPENER_OK`: the opener's egress;
+//! `POLICY_FLOW_RESPONDER_OK`: the responder's ingress), so that the two checks of a flow
+//! between two pods of this node each need their own side's bit: the sender's egress verdict
+//! is no verdict on the receiver's ingress.
+//!
+//! Entries age like conntrack's: idle TCP 24 h (5 days in conntrack; kube-proxy sets 24 h),
+//! TCP after a FIN or RST 122 s, UDP 180 s, ICMP and the rest 60 s. An entry older than that is
+//! no entry: the 5-tuple's next packet is judged again. The LRU forgets the least recently used
+//! when full; the next packet of such a flow is judged again too (`verdict.rs`).
+use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns};
+use ebpf_common::{
+    FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_FIN_NS, FLOW_TIMEOUT_TCP_NS, FLOW_TIMEOUT_UDP_NS, FlowKey,
+    POLICY_FLOW_CLOSING, POLICY_FLOW_ORIGINAL, PolicyFlow,
+};
+
+use super::{scratch::Scratch, tuple};
+use crate::{
+    flow::{PROTO_TCP, PROTO_UDP},
+    maps,
+};
+
+/// `last_seen_ns` is written at most this often: a write moves the entry's cache line.
+const TOUCH_EVERY_NS: u64 = 1_000_000_000;
+
+#[inline(always)]
+fn timeout(protocol: u8, flags: u32) -> u64 {
+    match protocol {
+        PROTO_TCP if flags & POLICY_FLOW_CLOSING != 0 => FLOW_TIMEOUT_TCP_FIN_NS,
+        PROTO_TCP => FLOW_TIMEOUT_TCP_NS,
+        PROTO_UDP => FLOW_TIMEOUT_UDP_NS,
+        _ => FLOW_TIMEOUT_ICMP_NS,
+    }
+}
+
+/// The entry of `key`, unless missing or aged out.
+#[inline(always)]
+pub fn live(key: &FlowKey, now: u64) -> Option<*mut PolicyFlow> {
+    let entry = maps::POLICY_FLOWS.get_ptr_mut(key)?;
+    // SAFETY: an LRU value, valid while this program runs.
+    let (seen, flags) = unsafe { ((*entry).last_seen_ns, (*entry).flags) };
+    (now.saturating_sub(seen) <= timeout(key.protocol, flags)).then_some(entry)
+}
+
+/// A packet of the flow passed: the entry lives on; a FIN or RST starts its closing.
+///
+/// # Safety
+/// `entry` is a `POLICY_FLOWS` value ([`live`]).
+#[inline(always)]
+pub unsafe fn touch(entry: *mut PolicyFlow, now: u64, closes: bool) {
+    // SAFETY: by the caller; a lost race between CPUs only repeats a write.
+    unsafe {
+        if now.saturating_sub((*entry).last_seen_ns) >= TOUCH_EVERY_NS {
+            (*entry).last_seen_ns = now;
+        }
+        if closes && (*entry).flags & POLICY_FLOW_CLOSING == 0 {
+            (*entry).flags |= POLICY_FLOW_CLOSING;
+        }
+    }
+}
+
+/// Records that `side` (`POLICY_FLOW_OPENER_OK` or `POLICY_FLOW_RESPONDER_OK`) allowed the
+/// flow of `s.key`, whose packet is the opener's (`original`) or a reply. An entry of the same
+/// flow in the same orientation keeps the other side's bit; anything else is replaced.
+#[inline(always)]
+pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let own_flag = if original { POLICY_FLOW_ORIGINAL } else { 0 };
+    let mut kept = 0;
+    if let Some(entry) = live(&s.key, now) {
+        // SAFETY: an LRU value, valid while this program runs.
+        let flags = unsafe { (*entry).flags };
+        if flags & POLICY_FLOW_ORIGINAL == own_flag {
+            kept = flags & !POLICY_FLOW_ORIGINAL;
+        }
+    }
+    // A SYN starts the connection again: not closing any more.
+    if tuple::opens(s) {
+        kept &= !POLICY_FLOW_CLOSING;
+    }
+    let flags = kept | side;
+    s.flow = PolicyFlow { last_seen_ns: now, owner: s.subject.owner, slot, flags: flags | own_flag };
+    let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
+    s.flow.flags = flags | (POLICY_FLOW_ORIGINAL ^ own_flag);
+    tuple::turn(s);
+    let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
+    tuple::turn(s);
+}

@@ -1,0 +1,93 @@
+//! NetworkPolicy enforcement (ebpf-common's `policy.rs` is the contract with the agent).
+//!
+//! - `subject.rs`: the pod a check is for (`POLICY_ENDPOINTS`): the only map read for a pod no
+//!   policy isolates, whose packets go on at once.
+//! - `tuple.rs`: the packet's 5-tuple, as `POLICY_FLOWS` keys it.
+//! - `identity.rs`: the peer's identity (`POLICY_IDENTITIES`).
+//! - `rules.rs`: whether an isolated subject's rules allow a new flow (`POLICY_RULES`).
+//! - `flows.rs`: the cached verdicts of allowed flows (`POLICY_FLOWS`): aging, closing.
+//! - `verdict.rs`: the checks themselves, and what a verdict counts and reports.
+//!
+//! Where: egress in `from_pod` (both families) for packets to pods, in `to_uplink` and `to_pod`
+//! for a pod's packets the node's stack forwarded (the outside, Services kube-proxy
+//! translated); ingress in `deliver::into_pod` (same node, other nodes, per-packet Services)
+//! and `to_pod` (whatever the stack delivers).
+mod flows;
+mod identity;
+mod rules;
+pub mod scratch;
+pub mod subject;
+mod tuple;
+pub mod verdict;
+
+pub use subject::Subject;
+
+use aya_ebpf::programs::TcContext;
+use ebpf_common::{POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS};
+
+use crate::packet;
+
+/// Whether the packet `from_pod` has in hand may leave the pod (`owner`'s) behind the veth it
+/// arrived on. A pod no policy isolates: one array read.
+#[inline(always)]
+pub fn egress_allowed(ctx: &TcContext, owner: u64) -> bool {
+    match subject::of_veth(packet::ingress_ifindex(ctx), Some(owner)) {
+        Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_EGRESS),
+        None => true,
+    }
+}
+
+/// Whether the packet may go into the pod behind host veth `ifindex` (of attachment `owner`,
+/// when known).
+#[inline(always)]
+pub fn ingress_allowed(ctx: &TcContext, ifindex: u32, owner: Option<u64>) -> bool {
+    match subject::of_veth(ifindex, owner) {
+        Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_INGRESS),
+        None => true,
+    }
+}
+
+/// What the node's stack forwards (`to_pod`, `to_uplink`): the egress of the pod it came from,
+/// found by the veth it entered the node on (`ingress_ifindex`; `from_pod` made sure its
+/// source is that pod's). Translated by then (kube-proxy's DNAT): judged against the backend.
+#[inline(always)]
+pub fn forwarded_egress_allowed(ctx: &TcContext) -> bool {
+    // SAFETY: `skb` is the context pointer the kernel passed in.
+    let arrived_on = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    match subject::of_veth(arrived_on, None) {
+        Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_EGRESS),
+        None => true,
+    }
+}
+
+/// A verdict beside the TC actions, from the per-packet Service programs' deep frames: the
+/// packet is translated, to a local backend some policy isolates, whose check the frame has no
+/// stack left for. The program's entry delivers it ([`after_translation`]).
+pub const DEFERRED: i32 = i32::MIN + 2;
+
+/// At a Service program's entry: a [`DEFERRED`] packet delivered into its backend, checked.
+#[inline(always)]
+pub fn after_translation(ctx: &TcContext, verdict: i32) -> i32 {
+    if verdict == DEFERRED { deliver_translated(ctx) } else { verdict }
+}
+
+#[inline(never)]
+fn deliver_translated(ctx: &TcContext) -> i32 {
+    use ebpf_common::{DropReason, ForwardPath, IpKey};
+    let key = if crate::flow::is_ipv6(ctx) {
+        let Ok(dst) = ctx.load::<[u8; 16]>(network_types::eth::EthHdr::LEN + 24) else {
+            return crate::maps::drop(ctx, DropReason::Malformed);
+        };
+        IpKey::v6(dst)
+    } else {
+        let Ok((_, dst)) = crate::flow::addresses(ctx) else {
+            return crate::maps::drop(ctx, DropReason::Malformed);
+        };
+        IpKey::v4(dst)
+    };
+    match crate::maps::endpoint(&key) {
+        Some(pod) => crate::deliver::into_pod(ctx, &pod, ForwardPath::ServiceTranslated),
+        // Gone since: nowhere to deliver.
+        None => crate::maps::drop(ctx, DropReason::NotAPod),
+    }
+}

@@ -1,0 +1,86 @@
+//! The check's working memory: a per-CPU map value, not the stack. `to_uplink` calls the check
+//! with 464 of its 512 bytes of stack in use, and a call's frame counts against the same 512:
+//! the 5-tuple (40 bytes), the trie keys and the entry to write would not fit beside it.
+use aya_ebpf::maps::lpm_trie::Key;
+use ebpf_common::{FlowKey, IpKey, PolicyEndpoint, PolicyFlow, PolicyRuleKey};
+
+use ebpf_common::{POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED, POLICY_INGRESS_ISOLATED};
+
+use crate::maps;
+
+impl Scratch {
+    /// Whether the subject is isolated in `direction`.
+    #[inline(always)]
+    pub fn isolated(&self, direction: u8) -> bool {
+        let bit = if direction == POLICY_DIRECTION_INGRESS { POLICY_INGRESS_ISOLATED } else { POLICY_EGRESS_ISOLATED };
+        self.subject.flags & bit != 0
+    }
+
+    /// The `POLICY_COUNTS` slot a denied flow this check's way is counted on.
+    #[inline(always)]
+    pub fn denied_slot(&self) -> u32 {
+        if self.direction == POLICY_DIRECTION_INGRESS { self.subject.ingress_slot } else { self.subject.egress_slot }
+    }
+}
+
+/// What the check holds between helper calls is here too (the subject, the direction), not in
+/// registers: BPF has four that survive a call, and the rest spill onto the stack.
+#[repr(C)]
+pub struct Scratch {
+    /// The pod the check is for (a copy of its `POLICY_ENDPOINTS` slot).
+    pub subject: PolicyEndpoint,
+    /// The packet's 5-tuple (turned around in place for its reply's key).
+    pub key: FlowKey,
+    /// The entry being written.
+    pub flow: PolicyFlow,
+    pub identity: Key<IpKey>,
+    pub rule: Key<PolicyRuleKey>,
+    /// The packet's IP header (IPv4's first 20 bytes, or IPv6's 40), then the first 16 bytes
+    /// of its L4 header: read here, not onto the stack.
+    pub ip: [u8; 40],
+    pub l4: [u8; 16],
+    /// FIN, SYN, RST, ACK in the wire's bit positions; 0 for other protocols.
+    pub tcp_flags: u8,
+    /// `POLICY_DIRECTION_INGRESS` or `POLICY_DIRECTION_EGRESS`.
+    pub direction: u8,
+    pub pad: [u8; 6],
+}
+
+/// This CPU's scratch value; only this program run uses it.
+#[inline(always)]
+pub fn get() -> Option<*mut Scratch> {
+    maps::POLICY_SCRATCH.get_ptr_mut(0)
+}
+
+/// Copies an address four bytes at a time: LLVM makes a `memcpy` call of a plain array copy
+/// here, whose saved registers cost stack.
+///
+/// # Safety
+/// Both point at 4-aligned addresses of the scratch value (the fields above are).
+#[inline(always)]
+pub unsafe fn copy16(to: *mut [u8; 16], from: *const [u8; 16]) {
+    let (to, from) = (to.cast::<u32>(), from.cast::<u32>());
+    // SAFETY: by the caller.
+    unsafe {
+        *to = *from;
+        *to.add(1) = *from.add(1);
+        *to.add(2) = *from.add(2);
+        *to.add(3) = *from.add(3);
+    }
+}
+
+/// An IPv4 address as the first word of a 16-byte one, the rest zero (as `memset` would).
+///
+/// # Safety
+/// As for [`copy16`].
+#[inline(always)]
+pub unsafe fn set_v4(to: *mut [u8; 16], word: u32) {
+    let to = to.cast::<u32>();
+    // SAFETY: by the caller.
+    unsafe {
+        *to = word;
+        *to.add(1) = 0;
+        *to.add(2) = 0;
+        *to.add(3) = 0;
+    }
+}

@@ -1,0 +1,136 @@
+//! A packet's 5-tuple as `POLICY_FLOWS` keys it (`FlowKey`, ports in host byte order), read
+//! into the scratch value. Unlike NAT's (`flow.rs`), every protocol has one: SCTP's ports sit
+//! where TCP's and UDP's do; ICMP echo has its identifier as NAT keys it (request: source
+//! port, reply: destination port); anything else, and a later fragment, has ports 0 (rules
+//! with ports never allow it).
+use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
+use ebpf_common::{FAMILY_IPV4, FAMILY_IPV6};
+use network_types::{
+    eth::{EthHdr, EtherType},
+    ip::Ipv6Hdr,
+};
+
+use super::{scratch, scratch::Scratch};
+use crate::flow::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
+
+const PROTO_SCTP: u8 = 132;
+const PROTO_ICMPV6: u8 = 58;
+const FRAGMENT_OFFSET: u16 = 0x1fff;
+const IP: usize = EthHdr::LEN;
+
+/// A TCP segment that opens a connection: SYN without ACK.
+#[inline(always)]
+pub fn opens(s: &Scratch) -> bool {
+    s.key.protocol == PROTO_TCP && s.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+}
+
+/// A TCP segment of a connection already open: with no cached verdict, it may be a reply.
+#[inline(always)]
+pub fn mid_stream(s: &Scratch) -> bool {
+    s.key.protocol == PROTO_TCP && !opens(s)
+}
+
+#[inline(always)]
+pub fn closes(s: &Scratch) -> bool {
+    s.key.protocol == PROTO_TCP && s.tcp_flags & (TCP_FIN | TCP_RST) != 0
+}
+
+/// Turns the key into the other direction's (twice: back).
+#[inline(always)]
+pub fn turn(s: &mut Scratch) {
+    let k = &mut s.key;
+    core::mem::swap(&mut k.src_port, &mut k.dst_port);
+    // Word by word: a swap of the arrays goes through a 16-byte temporary on the stack.
+    let (a, b) = ((&raw mut k.src_addr).cast::<u32>(), (&raw mut k.dst_addr).cast::<u32>());
+    // SAFETY: 4-aligned words of the key.
+    unsafe {
+        for i in 0..4 {
+            core::ptr::swap(a.add(i), b.add(i));
+        }
+    }
+}
+
+/// Copies `len` bytes of the packet at `offset` into `to` (scratch memory).
+#[inline(always)]
+fn load(ctx: &TcContext, offset: usize, to: *mut u8, len: u32) -> bool {
+    // SAFETY: `to` points at `len` bytes of the scratch value (the callers' arrays).
+    unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), offset as u32, to.cast(), len) == 0 }
+}
+
+/// Reads the tuple of an IPv4 or IPv6 packet into `s`; false for anything else, a truncated
+/// header, and ICMPv6 neighbour discovery and MLD (link-scope, never a policy's business).
+#[inline(always)]
+pub fn parse(ctx: &TcContext, s: &mut Scratch) -> bool {
+    let Ok(ether_type) = ctx.load::<u16>(core::mem::offset_of!(EthHdr, ether_type)) else { return false };
+    s.key.pad = [0; 2];
+    s.key.src_port = 0;
+    s.key.dst_port = 0;
+    s.tcp_flags = 0;
+    let ip: *mut u8 = s.ip.as_mut_ptr();
+    let l4 = if ether_type == EtherType::Ipv4 as u16 {
+        if !load(ctx, IP, ip, 20) {
+            return false;
+        }
+        s.key.family = FAMILY_IPV4;
+        s.key.protocol = s.ip[9];
+        // SAFETY: words of the scratch value, 4-aligned (`scratch.rs`).
+        unsafe {
+            let words = ip.cast::<u32>();
+            scratch::set_v4(&raw mut s.key.src_addr, *words.add(3));
+            scratch::set_v4(&raw mut s.key.dst_addr, *words.add(4));
+        }
+        let h = &s.ip;
+        if u16::from_be_bytes([h[6], h[7]]) & FRAGMENT_OFFSET != 0 {
+            return true;
+        }
+        IP + usize::from(h[0] & 0x0f) * 4
+    } else if ether_type == EtherType::Ipv6 as u16 {
+        if !load(ctx, IP, ip, 40) {
+            return false;
+        }
+        s.key.family = FAMILY_IPV6;
+        s.key.protocol = s.ip[6];
+        // SAFETY: both within the scratch value: bytes 8..24 and 24..40 of the header, 4-aligned.
+        unsafe {
+            scratch::copy16(&raw mut s.key.src_addr, ip.add(8).cast());
+            scratch::copy16(&raw mut s.key.dst_addr, ip.add(24).cast());
+        }
+        IP + Ipv6Hdr::LEN
+    } else {
+        return false;
+    };
+    let protocol = s.key.protocol;
+    let l4_bytes: *mut u8 = s.l4.as_mut_ptr();
+    match protocol {
+        PROTO_TCP | PROTO_UDP | PROTO_SCTP => {
+            let len = if protocol == PROTO_TCP { 14 } else { 4 };
+            if !load(ctx, l4, l4_bytes, len) {
+                return false;
+            }
+            let h = &s.l4;
+            s.key.src_port = u16::from_be_bytes([h[0], h[1]]);
+            s.key.dst_port = u16::from_be_bytes([h[2], h[3]]);
+            if protocol == PROTO_TCP {
+                s.tcp_flags = h[13] & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
+            }
+        }
+        PROTO_ICMP | PROTO_ICMPV6 => {
+            // Type, code, checksum, identifier.
+            if !load(ctx, l4, l4_bytes, 6) {
+                return false;
+            }
+            let h = &s.l4;
+            if protocol == PROTO_ICMPV6 && (130..=143).contains(&h[0]) {
+                return false;
+            }
+            let id = u16::from_be_bytes([h[4], h[5]]);
+            match (protocol, h[0]) {
+                (PROTO_ICMP, 8) | (PROTO_ICMPV6, 128) => s.key.src_port = id,
+                (PROTO_ICMP, 0) | (PROTO_ICMPV6, 129) => s.key.dst_port = id,
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+    true
+}
