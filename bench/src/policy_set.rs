@@ -103,11 +103,14 @@ fn other_pod_ip(i: usize) -> Ipv4Addr {
 }
 
 fn namespace(name: &str, team: &str) -> Value {
-    json!({ "metadata": { "name": name, "labels": { "kubernetes.io/metadata.name": name, "team": team } } })
+    json!({ "apiVersion": "v1", "kind": "Namespace",
+            "metadata": { "name": name, "labels": { "kubernetes.io/metadata.name": name, "team": team } } })
 }
 
 fn pod(ns: &str, name: &str, labels: Value, ip: Ipv4Addr, node: &str, ports: Value) -> Value {
     json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": { "namespace": ns, "name": name, "labels": labels, "uid": format!("uid-{ns}-{name}") },
         "spec": { "nodeName": node, "containers": [{ "name": "main", "image": "bench", "ports": ports }] },
         "status": { "phase": "Running", "podIP": ip.to_string(), "podIPs": [{ "ip": ip.to_string() }] },
@@ -122,7 +125,8 @@ fn policy(ns: &str, name: &str, selector: Value, types: &[&str], ingress: Value,
     if !egress.is_null() {
         spec["egress"] = egress;
     }
-    json!({ "metadata": { "namespace": ns, "name": name }, "spec": spec })
+    json!({ "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": { "namespace": ns, "name": name }, "spec": spec })
 }
 
 fn default_deny() -> Value {
