@@ -142,7 +142,11 @@ pub fn measure(ours: &Plugin, policies: usize, changes: usize) -> Result<Round> 
     store.put(NETWORK_POLICIES, cluster.policies(policies, true));
     let node_file = node_file(tb)?;
     let started = Instant::now();
-    let args = ["--api-server", &format!("http://{API}"), "--node-conf", &node_file, "--interval", "5"];
+    // The names file in the node's directory, never the machine's /run/ebpf-cni.
+    let names = tb.data_dir().with_file_name("policy-names.json");
+    let names = names.to_string_lossy();
+    let api = format!("http://{API}");
+    let args = ["--api-server", &api, "--node-conf", &node_file, "--interval", "5", "--policy-names", &names];
     let agent = RunningAgent::start(tb, "node-1", &args)?;
     let (probe, closed) = (SocketAddrV4::new(server, PROBE_PORT), SocketAddrV4::new(server, CLOSED_PORT));
     let client_ns = pair.client_ns.clone();

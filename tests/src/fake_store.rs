@@ -19,9 +19,9 @@ use crate::{ApiRequest, fake_api::read_request, traffic};
 pub const NODES: &str = "/api/v1/nodes";
 pub const SERVICES: &str = "/api/v1/services";
 pub const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
-pub const NETWORK_POLICIES: &str = "/apis/networking.k8s.io/v1/networkpolicies";
 pub const PODS: &str = "/api/v1/pods";
 pub const NAMESPACES: &str = "/api/v1/namespaces";
+pub const NETWORK_POLICIES: &str = "/apis/networking.k8s.io/v1/networkpolicies";
 
 struct Logged {
     version: u64,
@@ -147,9 +147,9 @@ fn list_kind(path: &str) -> (&'static str, &'static str) {
     match path {
         SLICES => ("EndpointSliceList", "discovery.k8s.io/v1"),
         SERVICES => ("ServiceList", "v1"),
-        NETWORK_POLICIES => ("NetworkPolicyList", "networking.k8s.io/v1"),
         PODS => ("PodList", "v1"),
         NAMESPACES => ("NamespaceList", "v1"),
+        NETWORK_POLICIES => ("NetworkPolicyList", "networking.k8s.io/v1"),
         _ => ("NodeList", "v1"),
     }
 }
