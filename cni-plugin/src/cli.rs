@@ -33,6 +33,10 @@ enum Sub {
     /// writes them from the API server).
     #[command(hide = true)]
     ServiceSet(crate::bpf::services::cli::ServiceSet),
+    /// Compiles a file's Namespaces, Pods and NetworkPolicies into a network's policy maps once
+    /// (tests and debugging; the agent does it from the API server).
+    #[command(hide = true)]
+    PolicySet(crate::agent::PolicySet),
 }
 
 pub fn run() -> ExitCode {
@@ -47,6 +51,10 @@ pub fn run() -> ExitCode {
         Some(Sub::ServiceSet(args)) => {
             crate::logging::init();
             report(crate::bpf::services::cli::run(args))
+        }
+        Some(Sub::PolicySet(args)) => {
+            crate::logging::init();
+            report(crate::agent::policy_set(args))
         }
         Some(Sub::Agent(args)) => {
             crate::logging::init();

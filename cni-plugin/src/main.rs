@@ -14,6 +14,7 @@ mod kube;
 mod logging;
 mod metrics;
 mod net;
+mod policy;
 mod services;
 
 use std::process::ExitCode;

@@ -5,6 +5,10 @@
 //! working through an agent restart or upgrade. With a node file naming the primary network,
 //! it also keeps that network's datapath loaded ahead of its first pod (`preload.rs`).
 mod plan;
+mod policy;
+mod policy_set;
+mod policy_sink;
+mod policy_stats;
 mod preload;
 mod service_maps;
 mod service_stats;
@@ -68,7 +72,12 @@ pub struct Agent {
     /// to this file whenever it changed and the input is quiet (tests, debugging).
     #[arg(long, hide = true)]
     services_dump: Option<PathBuf>,
+    /// Where NetworkPolicy's names for `ebpf-cni monitor` are written (slots, identities, pods).
+    #[arg(long, default_value = crate::policy::DEFAULT_NAMES_PATH)]
+    policy_names: PathBuf,
 }
+
+pub use policy_set::{PolicySet, run as policy_set};
 
 pub fn run(args: Agent) -> Result<()> {
     crate::logging::configure(log::LevelFilter::Info, None);
@@ -86,12 +95,15 @@ pub fn run(args: Agent) -> Result<()> {
     }
     let stats = Arc::new(stats::Stats::default());
     let service_stats = Arc::new(service_stats::ServiceStats::default());
+    let policy_stats = Arc::new(policy_stats::PolicyStats::default());
     if let Some(addr) = args.metrics_addr {
         let (root, stats, service_stats) = (args.bpffs_root.clone(), Arc::clone(&stats), Arc::clone(&service_stats));
+        let policy_stats = Arc::clone(&policy_stats);
         let at = crate::metrics::serve(addr, move || {
             let mut page = crate::metrics::Exposition::default();
             stats.write(&mut page);
             service_stats.write(&mut page);
+            policy_stats.write(&mut page);
             crate::metrics::write_networks(&mut page, &root);
             page.render()
         })?;
@@ -151,19 +163,25 @@ pub fn run(args: Agent) -> Result<()> {
         let mut feed = kube::Feed::new(target, interval)?;
         let (nodes, updates) = channel();
         feed.watch(nodes, |update| update);
+        let policy = network_policy(&args.node_conf, &args.bpffs_root)
+            .map(|(root, network)| policy::start(&mut feed, root, network, args.policy_names, policy_stats));
         let services = kube_proxy_replacement
             .then(|| services::start(&mut feed, &args.node, args.services_dump, primary_pins, service_stats));
         feed.start();
         let mut addrs = Vec::new();
         watch::run(&updates, &syncer, interval, |node| {
-            let Some(services) = &services else { return };
             let now: Vec<IpAddr> = [node.internal_ipv4().map(IpAddr::from), node.internal_ipv6().map(IpAddr::from)]
                 .into_iter()
                 .flatten()
                 .collect();
             if now != addrs {
                 addrs.clone_from(&now);
-                let _ = services.send(services::Input::NodeAddrs(now));
+                if let Some(services) = &services {
+                    let _ = services.send(services::Input::NodeAddrs(now.clone()));
+                }
+                if let Some(policy) = &policy {
+                    let _ = policy.send(policy::Input::NodeAddrs(now));
+                }
             }
         });
         anyhow::bail!("the watch of the API server stopped");
@@ -179,6 +197,23 @@ pub fn run(args: Agent) -> Result<()> {
         }
         sleep(interval);
     }
+}
+
+/// Where NetworkPolicy is enforced: the node file's primary network (its `bpffsRoot`, else
+/// `root`), unless the file says `"networkPolicy": false` (an unreadable node file is logged
+/// where the preload reads it).
+fn network_policy(path: &Path, root: &Path) -> Option<(PathBuf, String)> {
+    let node = node_conf::NodeConf::load(path).ok().flatten();
+    if node.as_ref().and_then(|n| n.network_policy) == Some(false) {
+        log::info!("networkPolicy is false in the node file: NetworkPolicy is not enforced");
+        return None;
+    }
+    let Some(network) = node.as_ref().and_then(|n| n.primary_network.clone()) else {
+        log::warn!("network policy: the node file names no primaryNetwork: no NetworkPolicy is enforced");
+        return None;
+    };
+    let root = node.and_then(|n| n.bpffs_root).unwrap_or_else(|| root.to_path_buf());
+    Some((root, network))
 }
 
 /// The node file's `kubeProxyReplacement` (off without a node file, or with one that cannot be

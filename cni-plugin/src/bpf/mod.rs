@@ -8,6 +8,7 @@ mod loader;
 mod nat;
 mod pins;
 mod policy_endpoints;
+pub mod policy_maps;
 pub mod read;
 pub mod services;
 mod settings;

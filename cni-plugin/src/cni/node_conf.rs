@@ -84,6 +84,10 @@ pub struct NodeConf {
     /// cgroup programs translate connections. Off when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kube_proxy_replacement: Option<bool>,
+    /// The agent enforces the cluster's NetworkPolicies on the primary network (it watches
+    /// NetworkPolicies, Pods and Namespaces). On when unset; `false` turns it off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<bool>,
     /// Where the socket LB's programs attach: every process in this cgroup or below has its
     /// Service connections translated. Unset: the node's cgroup2 mount.
     #[serde(skip_serializing_if = "Option::is_none")]
