@@ -31,6 +31,13 @@ enum Flow {
 }
 
 impl Flow {
+    fn name(self) -> &'static str {
+        match self {
+            Flow::PodToPod => "pod → pod",
+            Flow::ClusterIp => "pod → ClusterIP → pod",
+        }
+    }
+
     fn section(self, policies: bool) -> &'static str {
         match (self, policies) {
             (Flow::PodToPod, true) => "pod → pod, 1,000 NetworkPolicies",
@@ -83,8 +90,11 @@ impl Figures {
         }
     }
 
-    fn figures(self) -> Vec<Figure> {
-        self.policies.into_iter().flatten().chain(self.none).collect()
+    /// With policies; without, when `without` (against the previous release, or alone for a
+    /// build without NetworkPolicy).
+    fn split(self, without: bool) -> (Vec<Figure>, Vec<Figure>) {
+        let none = if without { self.none.into() } else { Vec::new() };
+        (self.policies.into_iter().flatten().collect(), none)
     }
 }
 
@@ -111,9 +121,9 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
             for (flow, figures) in &mut flows {
                 let values = measure(s, &mut pair, *flow)?;
                 eprintln!(
-                    "policy round {round} {:20} {:24}: TCP RTT p50 {:.1} µs, p99 {:.1} µs, {:.0} conn/s",
+                    "policy round {round} {:20} {:22}: TCP RTT p50 {:.1} µs, p99 {:.1} µs, {:.0} conn/s",
                     state.name(),
-                    flow.section(false),
+                    flow.name(),
                     values[0],
                     values[1],
                     values[2]
@@ -127,7 +137,10 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
             sync.record(&changes);
         }
     }
-    let mut figures: Vec<Figure> = flows.into_iter().flat_map(|(_, f)| f.figures()).collect();
+    // Every flow with policies, then every flow without (the tables' order), then the changes.
+    let (with, without): (Vec<_>, Vec<_>) =
+        flows.into_iter().map(|(_, f)| f.split(previous.is_some() || !enforces)).unzip();
+    let mut figures: Vec<Figure> = with.into_iter().chain(without).flatten().collect();
     figures.extend(sync.into_iter().flat_map(policy_sync::Figures::figures));
     Ok(figures)
 }
