@@ -15,6 +15,7 @@ mod hold;
 mod iperf;
 mod masquerade;
 mod policy;
+mod policy_cost;
 mod policy_set;
 mod policy_sync;
 mod proc;

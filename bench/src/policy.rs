@@ -4,7 +4,8 @@
 //! namespace isolated both ways, hundreds of policies allowing the measured flows, the rest
 //! selecting pods of other namespaces), written with `ebpf-cni policy-set`. Each round builds a
 //! fresh node per state, the order rotating. Figures: TCP ping-pong p50 and p99 and new
-//! connections per second, 1,000 policies ÷ none. With `--previous BINARY`, the previous
+//! connections per second, 1,000 policies ÷ none, and `from_pod`'s own time per packet of an
+//! established flow (`policy_cost.rs`), which the round trips' noise cannot hide. With `--previous BINARY`, the previous
 //! release's node (no policy) is measured in the same rounds: the no-policy figures of this
 //! build ÷ it, the standing rule that allowed traffic without policy does not move. Then
 //! `policy_sync.rs`: a policy change and a pod label change → the datapath's verdict.
@@ -14,7 +15,7 @@ use anyhow::{Context, Result, ensure};
 use ebpf_cni_tests::{Plugin, traffic::in_netns};
 
 use crate::{
-    Settings, conn_rate,
+    Settings, conn_rate, policy_cost,
     policy_set::{self, CLOSED_PORT, Cluster},
     policy_sync,
     report::{Better::*, Figure},
@@ -50,9 +51,10 @@ impl Flow {
 
 /// One flow's figures: with policies against none (`EbpfCni` = 1,000 policies, `NoPolicy`),
 /// when the build has NetworkPolicy; and without policy (`EbpfCni` = this build, `Previous`).
+/// Values in the order of [`measure`]'s: p50, p99, conn/s, and for pod → pod `from_pod`'s ns.
 struct Figures {
-    policies: Option<[Figure; 3]>,
-    none: [Figure; 3],
+    policies: Option<Vec<Figure>>,
+    none: Vec<Figure>,
 }
 
 impl Figures {
@@ -60,22 +62,26 @@ impl Figures {
         let make = |policies: bool| {
             let against = Some(if policies { Path::NoPolicy } else { Path::Previous });
             let section = flow.section(policies);
-            [
+            let mut all = vec![
                 Figure::new(section, "TCP ping-pong RTT p50 (same CPU)", "µs", Lower).target(against, 1.03),
                 Figure::new(section, "TCP ping-pong RTT p99 (same CPU)", "µs", Lower),
                 Figure::new(section, "TCP connections, one at a time", "conn/s", Higher).target(against, 0.97),
-            ]
-            .map(Figure::own_columns)
+            ];
+            if flow == Flow::PodToPod {
+                let name = "from_pod per packet, an established flow's ACK (BPF_PROG_TEST_RUN)";
+                all.push(Figure::new(section, name, "ns", Lower));
+            }
+            all.into_iter().map(Figure::own_columns).collect::<Vec<_>>()
         };
         Self { policies: policies.then(|| make(true)), none: make(false) }
     }
 
-    /// `state`'s values (p50, p99, conn/s): 1,000 policies (`EbpfCni`), this build without
-    /// policy (`NoPolicy`), the previous release (`Previous`).
-    fn record(&mut self, state: Path, values: [f64; 3]) {
-        let put = |figures: &mut [Figure; 3], column: Path| {
+    /// `state`'s values: 1,000 policies (`EbpfCni`), this build without policy (`NoPolicy`),
+    /// the previous release (`Previous`).
+    fn record(&mut self, state: Path, values: &[f64]) {
+        let put = |figures: &mut Vec<Figure>, column: Path| {
             for (figure, value) in figures.iter_mut().zip(values) {
-                figure.record(column, value);
+                figure.record(column, *value);
             }
         };
         if let Some(with) = &mut self.policies
@@ -93,8 +99,8 @@ impl Figures {
     /// With policies; without, when `without` (against the previous release, or alone for a
     /// build without NetworkPolicy).
     fn split(self, without: bool) -> (Vec<Figure>, Vec<Figure>) {
-        let none = if without { self.none.into() } else { Vec::new() };
-        (self.policies.into_iter().flatten().collect(), none)
+        let none = if without { self.none } else { Vec::new() };
+        (self.policies.unwrap_or_default(), none)
     }
 }
 
@@ -119,16 +125,20 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
             let policies = if state == Path::EbpfCni { s.policies } else { 0 };
             let mut pair = node(plugin, policies)?;
             for (flow, figures) in &mut flows {
-                let values = measure(s, &mut pair, *flow)?;
+                let mut values = measure(s, &mut pair, *flow)?.to_vec();
+                if *flow == Flow::PodToPod {
+                    values.push(policy_cost::from_pod_ack(&pair)?);
+                }
                 eprintln!(
-                    "policy round {round} {:20} {:22}: TCP RTT p50 {:.1} µs, p99 {:.1} µs, {:.0} conn/s",
+                    "policy round {round} {:20} {:22}: TCP RTT p50 {:.1} µs, p99 {:.1} µs, {:.0} conn/s{}",
                     state.name(),
                     flow.name(),
                     values[0],
                     values[1],
-                    values[2]
+                    values[2],
+                    values.get(3).map_or(String::new(), |ns| format!(", from_pod {ns:.0} ns"))
                 );
-                figures.record(state, values);
+                figures.record(state, &values);
             }
         }
         if let Some(sync) = &mut sync {
