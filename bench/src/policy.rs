@@ -5,10 +5,11 @@
 //! selecting pods of other namespaces), written with `ebpf-cni policy-set`. Each round builds a
 //! fresh node per state, the order rotating. Figures: TCP ping-pong p50 and p99 and new
 //! connections per second, 1,000 policies ÷ none, and `from_pod`'s own time per packet of an
-//! established flow (`policy_cost.rs`), which the round trips' noise cannot hide. With `--previous BINARY`, the previous
-//! release's node (no policy) is measured in the same rounds: the no-policy figures of this
-//! build ÷ it, the standing rule that allowed traffic without policy does not move. Then
-//! `policy_sync.rs`: a policy change and a pod label change → the datapath's verdict.
+//! established flow (`policy_cost.rs`), which the round trips' noise cannot hide. With
+//! `--previous BINARY`, the previous release's node (no policy) is measured in the same
+//! rounds: the no-policy figures of this build ÷ it, the standing rule that allowed traffic
+//! without policy does not move. Then `policy_sync.rs`: a policy change and a pod label change
+//! → the datapath's verdict.
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::{Context, Result, ensure};
