@@ -118,13 +118,14 @@ enum Section {
 }
 
 /// What runs when `--only` is not given.
-const DEFAULT_SECTIONS: [Section; 9] = [
+const DEFAULT_SECTIONS: [Section; 10] = [
     Section::Datapath,
     Section::Datapath6,
     Section::Masquerade,
     Section::CrossNode,
     Section::Service,
     Section::ServiceAftermath,
+    Section::Policy,
     Section::Uplink,
     Section::Control,
     Section::ControlFullMaps,
