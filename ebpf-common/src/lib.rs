@@ -86,6 +86,7 @@ pub mod names {
     pub const HOST_VETHS: &str = "HOST_VETHS";
     pub const POLICY_IDENTITIES: &str = "POLICY_IDENTITIES";
     pub const POLICY_ENDPOINTS: &str = "POLICY_ENDPOINTS";
+    pub const POLICY_ENDPOINTS_BY_IFINDEX: &str = "POLICY_ENDPOINTS_BY_IFINDEX";
     pub const POLICY_RULES: &str = "POLICY_RULES";
     pub const POLICY_FLOWS: &str = "POLICY_FLOWS";
     pub const POLICY_COUNTS: &str = "POLICY_COUNTS";

@@ -10,6 +10,9 @@
 //! - `POLICY_ENDPOINTS` (array, slot = `host_veth_slot(host ifindex)`): a local pod as a policy
 //!   subject ([`PolicyEndpoint`]): its identity and whether it is isolated for ingress/egress.
 //!   A slot whose `ifindex`/`owner` differ from the pod's is not the pod's (stale): not isolated.
+//! - `POLICY_ENDPOINTS_BY_IFINDEX` (hash, host ifindex → [`PolicyEndpoint`]): the pods whose
+//!   slot another live pod holds (two ifindexes equal modulo the slots). Looked up only when a
+//!   pod's slot holds another nonzero ifindex, so that such a pod is enforced too.
 //! - `POLICY_RULES` (LPM trie, [`PolicyRuleKey`]): what an isolated subject allows. Looked up
 //!   twice when a flow opens: with the peer's identity and with [`IDENTITY_ANY`].
 //! - `POLICY_FLOWS` (LRU hash, [`crate::FlowKey`] of each direction → [`PolicyFlow`]): the cached
@@ -64,6 +67,10 @@ pub struct PolicyEndpoint {
 }
 
 /// `POLICY_ENDPOINTS` has [`crate::HOST_VETHS_SLOTS`] slots, indexed like `HOST_VETHS`.
+///
+/// Capacity of `POLICY_ENDPOINTS_BY_IFINDEX`: as many pods as the slots, every one of them in
+/// a slot another holds (allocated when inserted: most nodes have a few, or none).
+pub const POLICY_ENDPOINTS_BY_IFINDEX_MAX_ENTRIES: u32 = crate::HOST_VETHS_SLOTS;
 pub const POLICY_DIRECTION_INGRESS: u8 = 0;
 pub const POLICY_DIRECTION_EGRESS: u8 = 1;
 
@@ -118,6 +125,14 @@ pub struct PolicyFlow {
     pub flags: u32,
 }
 
+/// `POLICY_FLOWS` keys carry in `FlowKey::pad[0]` which end of the packet the check's pod
+/// (the entry's `owner`) is: each pod's entries are its own, so that two pods of this node on
+/// one flow keep theirs apart, and an entry of another owner (a deleted pod's, whose address a
+/// new pod got) is no entry. The check's pod sends the packet (egress checks).
+pub const POLICY_FLOW_KEY_SUBJECT_SENDS: u8 = 1;
+/// The check's pod receives the packet (ingress checks).
+pub const POLICY_FLOW_KEY_SUBJECT_RECEIVES: u8 = 2;
+
 /// [`PolicyFlow::flags`]: this key is the direction of the flow's opener.
 pub const POLICY_FLOW_ORIGINAL: u32 = 1;
 /// TCP: a FIN or RST was seen; the entry then ages like conntrack's closing states.
@@ -134,6 +149,14 @@ pub struct PolicyCount {
 /// Slots of `POLICY_COUNTS`: the agent gives each policy one (slot 0: none, e.g. a flow allowed
 /// from the node itself). 16 Ki × 16 bytes per CPU.
 pub const POLICY_SLOTS: u32 = 16_384;
+/// New flows one pod may have `POLICY_FLOWS` remember per second and direction (flows it
+/// opens; flows opened to it): its share of the table is bounded, so that one pod opening
+/// allowed flows without end cannot cycle the LRU and make it forget the other pods' flows.
+/// A flow over the budget is judged and let through as any other, but not remembered: each of
+/// its packets is judged again (TCP's replies by the reply rule); a UDP flow's replies then
+/// need the other side's rules. At this rate one pod needs over a minute to cycle the table.
+pub const POLICY_NEW_FLOWS_PER_SECOND: u32 = 1_000;
+
 /// Capacity of `POLICY_FLOWS` (two entries per flow).
 pub const POLICY_FLOWS_MAX_ENTRIES: u32 = 262_144;
 /// Capacity of `POLICY_IDENTITIES`: every pod address of the cluster and every `ipBlock` boundary.
@@ -156,3 +179,7 @@ pub const POLICY_FLOW_OPENER_OK: u32 = 4;
 /// The responder's side allowed the flow (its ingress, on this node): a packet into the
 /// responder, or out of it (a reply), needs it.
 pub const POLICY_FLOW_RESPONDER_OK: u32 = 8;
+/// An ingress-isolated pod sent the flow's first packet to the node's stack (a Service address
+/// kube-proxy translates, the outside): its replies, translated back by the stack, may come in
+/// (`to_pod`). Not a verdict on the pod's egress: that is taken on the translated packet.
+pub const POLICY_FLOW_VIA_STACK: u32 = 16;

@@ -79,6 +79,7 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     // Not a pod here, not a pod elsewhere (an unassigned address of this node's subnet is left
     // to the stack, and `to_uplink` keeps it in the node): the stack's.
     if peer.is_none() && (config.in_node_pods(dst) || !config.in_cluster(dst)) {
+        policy::note_via_stack(ctx, own.owner);
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
     if !policy::egress_allowed(ctx, own.owner) {

@@ -77,6 +77,7 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
     // Not a pod here, not a pod elsewhere: the stack's (the node, Services, the outside, an
     // unassigned address of this node's subnet).
     if peer.is_none() && (config.in_node_pods6(&dst) || !config.in_cluster6(&dst)) {
+        policy::note_via_stack(ctx, own.owner);
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
     // NetworkPolicy, as for IPv4.

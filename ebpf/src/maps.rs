@@ -9,9 +9,10 @@ use aya_ebpf::{
 use ebpf_common::{
     Counter, DatapathConfig, DropReason, ENDPOINTS_MAX_ENTRIES, Endpoint, FLOWS_MAX_ENTRIES, FRAGMENTS_MAX_ENTRIES,
     FlowEntry, FlowKey, ForwardPath, FragmentEntry, FragmentKey, HOST_VETHS_SLOTS, HostVeth, IpKey, NAT_MAX_ENTRIES,
-    NAT_SHARES_MAX_ENTRIES, NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES, POLICY_FLOWS_MAX_ENTRIES,
-    POLICY_IDENTITIES_MAX_ENTRIES, POLICY_RULES_MAX_ENTRIES, POLICY_SLOTS, PodFlows, PolicyCount, PolicyEndpoint,
-    PolicyFlow, PolicyIdentity, PolicyRule, PolicyRuleKey, Share, ShareKey,
+    NAT_SHARES_MAX_ENTRIES, NODE_ECHOES_MAX_ENTRIES, NatEntry, POD_FLOWS_MAX_ENTRIES,
+    POLICY_ENDPOINTS_BY_IFINDEX_MAX_ENTRIES, POLICY_FLOWS_MAX_ENTRIES, POLICY_IDENTITIES_MAX_ENTRIES,
+    POLICY_RULES_MAX_ENTRIES, POLICY_SLOTS, PodFlows, PolicyCount, PolicyEndpoint, PolicyFlow, PolicyIdentity,
+    PolicyRule, PolicyRuleKey, Share, ShareKey,
 };
 
 /// Hash maps whose entries are allocated when inserted: creating a preallocated map of 65,536
@@ -93,6 +94,16 @@ pub static POLICY_IDENTITIES: LpmTrie<IpKey, PolicyIdentity, { POLICY_IDENTITIES
 #[btf_map]
 pub static POLICY_ENDPOINTS: Array<PolicyEndpoint, { HOST_VETHS_SLOTS as usize }> = Array::new();
 
+/// The pods whose `POLICY_ENDPOINTS` slot another live pod holds, by host ifindex (`policy/
+/// subject.rs`). Written by the agent, cleared by DEL and GC; allocated when inserted.
+#[btf_map]
+pub static POLICY_ENDPOINTS_BY_IFINDEX: HashMap<
+    u32,
+    PolicyEndpoint,
+    { POLICY_ENDPOINTS_BY_IFINDEX_MAX_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
 /// What isolated subjects allow (longest prefix over protocol and port). Written by the agent.
 #[btf_map]
 pub static POLICY_RULES: LpmTrie<PolicyRuleKey, PolicyRule, { POLICY_RULES_MAX_ENTRIES as usize }> = LpmTrie::new();
@@ -105,6 +116,13 @@ pub static POLICY_FLOWS: LruHashMap<FlowKey, PolicyFlow, { POLICY_FLOWS_MAX_ENTR
 /// outside this program run reads it.
 #[btf_map]
 pub static POLICY_SCRATCH: PerCpuArray<crate::policy::scratch::Scratch, 1> = PerCpuArray::new();
+
+/// Each pod's new `POLICY_FLOWS` entries in the current second (`policy/budget.rs`), by owner.
+/// LRU: a deleted pod's entry is forgotten in time. Not pinned: a reload starting the counts
+/// again costs nothing.
+#[btf_map]
+pub static POLICY_BUDGETS: LruHashMap<u64, crate::policy::budget::Budget, { HOST_VETHS_SLOTS as usize * 2 }> =
+    LruHashMap::new();
 
 /// Flows allowed and denied per policy slot, per CPU.
 #[btf_map]

@@ -16,6 +16,7 @@ pub mod iperf;
 pub mod kube_proxy;
 pub mod lan;
 mod plugin;
+pub mod policy_maps;
 mod privileges;
 pub mod probe;
 pub mod prog_run;

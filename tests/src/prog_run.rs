@@ -199,3 +199,30 @@ pub fn run_checksum_complete(tb: &Testbed, name: &str, ifname: &str, frame: Vec<
         Ok((retval, out))
     })
 }
+
+/// Runs the pinned program `name` once on each of `frames` (as arriving on `ifname`), all in
+/// one go (the program opened once): the verdicts, in order. For floods of distinct flows.
+pub fn run_each(tb: &Testbed, name: &str, ifname: &str, frames: Vec<Vec<u8>>) -> anyhow::Result<Vec<u32>> {
+    let pin = tb.loaded_version_dir().join("progs").join(name);
+    let ifname = CString::new(ifname).unwrap();
+    in_netns(&tb.node.name, move || {
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+        anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
+        let mut ctx = [0u8; 44];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let program = SchedClassifier::from_pin(&pin)?;
+        let mut verdicts = Vec::with_capacity(frames.len());
+        for frame in &frames {
+            let mut out = vec![0u8; frame.len() + 64];
+            let options = TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..Default::default()
+            };
+            verdicts.push(program.test_run(options)?.return_value);
+        }
+        Ok(verdicts)
+    })
+}

@@ -50,7 +50,7 @@ const VERIFY_ORDER: [&str; 12] = [
 /// Size of the Service LB's LRU maps on a network without it: a few pages each.
 const UNUSED_LRU_ENTRIES: u32 = 256;
 
-const MAPS: [&str; 27] = [
+const MAPS: [&str; 28] = [
     names::ENDPOINTS,
     names::METRICS,
     names::FORWARDED,
@@ -75,6 +75,7 @@ const MAPS: [&str; 27] = [
     names::SVC_REJECT_PROGS,
     names::POLICY_IDENTITIES,
     names::POLICY_ENDPOINTS,
+    names::POLICY_ENDPOINTS_BY_IFINDEX,
     names::POLICY_RULES,
     names::POLICY_FLOWS,
     names::POLICY_COUNTS,

@@ -7,7 +7,7 @@ mod kernel_btf;
 mod loader;
 mod nat;
 mod pins;
-mod policy_endpoints;
+pub mod policy_endpoints;
 pub mod policy_maps;
 pub mod read;
 pub mod services;

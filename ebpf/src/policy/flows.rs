@@ -7,17 +7,24 @@
 //! between two pods of this node each need their own side's bit: the sender's egress verdict
 //! is no verdict on the receiver's ingress.
 //!
+//! Each pod's entries are its own (the key's `pad[0]` says which end of the packet the pod is,
+//! `owner` which attachment): an entry of another owner, a deleted pod's whose address a new
+//! pod got, is no entry; it is replaced when the new pod's own check allows the flow.
+//!
 //! Entries age like conntrack's: idle TCP 24 h (5 days in conntrack; kube-proxy sets 24 h),
 //! TCP after a FIN or RST 122 s, UDP 180 s, ICMP and the rest 60 s. An entry older than that is
 //! no entry: the 5-tuple's next packet is judged again. The LRU forgets the least recently used
 //! when full; the next packet of such a flow is judged again too (`verdict.rs`).
-use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_ns};
+//!
+//! Times are `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC at the tick's resolution): a fraction
+//! of the precise clock's cost per packet, and ages of seconds need no better.
+use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_coarse_ns};
 use ebpf_common::{
     FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_FIN_NS, FLOW_TIMEOUT_TCP_NS, FLOW_TIMEOUT_UDP_NS, FlowKey,
     POLICY_FLOW_CLOSING, POLICY_FLOW_ORIGINAL, PolicyFlow,
 };
 
-use super::{scratch::Scratch, tuple};
+use super::{budget, scratch::Scratch, tuple};
 use crate::{
     flow::{PROTO_TCP, PROTO_UDP},
     maps,
@@ -36,13 +43,13 @@ fn timeout(protocol: u8, flags: u32) -> u64 {
     }
 }
 
-/// The entry of `key`, unless missing or aged out.
+/// The entry of `key`, unless missing, aged out or another attachment's than `owner`.
 #[inline(always)]
-pub fn live(key: &FlowKey, now: u64) -> Option<*mut PolicyFlow> {
+pub fn live(key: &FlowKey, now: u64, owner: u64) -> Option<*mut PolicyFlow> {
     let entry = maps::POLICY_FLOWS.get_ptr_mut(key)?;
     // SAFETY: an LRU value, valid while this program runs.
-    let (seen, flags) = unsafe { ((*entry).last_seen_ns, (*entry).flags) };
-    (now.saturating_sub(seen) <= timeout(key.protocol, flags)).then_some(entry)
+    let (seen, flags, held_by) = unsafe { ((*entry).last_seen_ns, (*entry).flags, (*entry).owner) };
+    (held_by == owner && now.saturating_sub(seen) <= timeout(key.protocol, flags)).then_some(entry)
 }
 
 /// A packet of the flow passed: the entry lives on; a FIN or RST starts its closing.
@@ -67,25 +74,36 @@ pub unsafe fn touch(entry: *mut PolicyFlow, now: u64, closes: bool) {
 /// flow in the same orientation keeps the other side's bit; anything else is replaced.
 #[inline(always)]
 pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
+    // Kept in the scratch value across the helper calls, not in registers that would spill
+    // onto the callers' stack.
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let own_flag = if original { POLICY_FLOW_ORIGINAL } else { 0 };
-    let mut kept = 0;
-    if let Some(entry) = live(&s.key, now) {
-        // SAFETY: an LRU value, valid while this program runs.
-        let flags = unsafe { (*entry).flags };
-        if flags & POLICY_FLOW_ORIGINAL == own_flag {
-            kept = flags & !POLICY_FLOW_ORIGINAL;
+    s.flow = PolicyFlow {
+        last_seen_ns: unsafe { bpf_ktime_get_coarse_ns() },
+        owner: s.subject.owner,
+        slot,
+        flags: side | if original { POLICY_FLOW_ORIGINAL } else { 0 },
+    };
+    match live(&s.key, s.flow.last_seen_ns, s.subject.owner) {
+        Some(entry) => {
+            // SAFETY: an LRU value, valid while this program runs.
+            let flags = unsafe { (*entry).flags };
+            if flags & POLICY_FLOW_ORIGINAL == s.flow.flags & POLICY_FLOW_ORIGINAL {
+                s.flow.flags |= flags;
+            }
+        }
+        // A flow the pod already has (another side's verdict, a SYN again) costs no budget.
+        None => {
+            if !budget::admit(s, s.flow.last_seen_ns) {
+                return;
+            }
         }
     }
     // A SYN starts the connection again: not closing any more.
     if tuple::opens(s) {
-        kept &= !POLICY_FLOW_CLOSING;
+        s.flow.flags &= !POLICY_FLOW_CLOSING;
     }
-    let flags = kept | side;
-    s.flow = PolicyFlow { last_seen_ns: now, owner: s.subject.owner, slot, flags: flags | own_flag };
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
-    s.flow.flags = flags | (POLICY_FLOW_ORIGINAL ^ own_flag);
+    s.flow.flags ^= POLICY_FLOW_ORIGINAL;
     tuple::turn(s);
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
     tuple::turn(s);

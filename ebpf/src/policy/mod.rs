@@ -6,12 +6,18 @@
 //! - `identity.rs`: the peer's identity (`POLICY_IDENTITIES`).
 //! - `rules.rs`: whether an isolated subject's rules allow a new flow (`POLICY_RULES`).
 //! - `flows.rs`: the cached verdicts of allowed flows (`POLICY_FLOWS`): aging, closing.
+//! - `budget.rs`: how many new flows one pod may have remembered per second.
 //! - `verdict.rs`: the checks themselves, and what a verdict counts and reports.
+//! - `scratch.rs`: the checks' working memory (a per-CPU map value: the callers' frames leave
+//!   them little stack).
 //!
-//! Where: egress in `from_pod` (both families) for packets to pods, in `to_uplink` and `to_pod`
-//! for a pod's packets the node's stack forwarded (the outside, Services kube-proxy
-//! translated); ingress in `deliver::into_pod` (same node, other nodes, per-packet Services)
-//! and `to_pod` (whatever the stack delivers).
+//! Where: egress in `from_pod` (both families) for packets to pods, in `to_uplink(6)` and
+//! `to_pod` for a pod's packets the node's stack forwarded (the outside, Services kube-proxy
+//! translated: judged against the backend); ingress in `deliver::into_pod` (same node, other
+//! nodes, per-packet Services by way of [`after_translation`]) and `to_pod` (whatever the
+//! stack delivers). A pod some policy isolates for ingress also has what it hands the stack
+//! noted (`POLICY_FLOW_VIA_STACK`), for the replies the stack translates back.
+pub mod budget;
 mod flows;
 mod identity;
 mod rules;
@@ -34,6 +40,17 @@ pub fn egress_allowed(ctx: &TcContext, owner: u64) -> bool {
     match subject::of_veth(packet::ingress_ifindex(ctx), Some(owner)) {
         Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_EGRESS),
         None => true,
+    }
+}
+
+/// A packet `from_pod` hands the node's stack: an ingress-isolated sender's flow is noted, for
+/// its replies (`verdict::note_via_stack`). Others: one array read.
+#[inline(always)]
+pub fn note_via_stack(ctx: &TcContext, owner: u64) {
+    if let Some(subject) = subject::of_veth(packet::ingress_ifindex(ctx), Some(owner))
+        && subject.endpoint.flags & ebpf_common::POLICY_INGRESS_ISOLATED != 0
+    {
+        verdict::note_via_stack(ctx, &subject);
     }
 }
 

@@ -34,6 +34,9 @@ pub struct Scratch {
     /// The entry being written.
     pub flow: PolicyFlow,
     pub identity: Key<IpKey>,
+    /// `POLICY_BUDGETS`' key and a new value (`budget.rs`).
+    pub budget_owner: u64,
+    pub budget: super::budget::Budget,
     pub rule: Key<PolicyRuleKey>,
     /// The packet's IP header (IPv4's first 20 bytes, or IPv6's 40), then the first 16 bytes
     /// of its L4 header: read here, not onto the stack.
@@ -43,7 +46,9 @@ pub struct Scratch {
     pub tcp_flags: u8,
     /// `POLICY_DIRECTION_INGRESS` or `POLICY_DIRECTION_EGRESS`.
     pub direction: u8,
-    pub pad: [u8; 6],
+    /// The packet is an ICMP error (`tuple::inner` reads the packet it is about).
+    pub icmp_error: u8,
+    pub pad: [u8; 5],
 }
 
 /// This CPU's scratch value; only this program run uses it.

@@ -3,8 +3,13 @@
 //! where TCP's and UDP's do; ICMP echo has its identifier as NAT keys it (request: source
 //! port, reply: destination port); anything else, and a later fragment, has ports 0 (rules
 //! with ports never allow it).
+//!
+//! An ICMP error (destination unreachable, fragmentation needed / packet too big, time
+//! exceeded, parameter problem) is about a packet it quotes: [`inner`] keys it as that
+//! packet's reply, so that the error passes where the flow's replies do (PMTU discovery, port
+//! unreachable), and only there.
 use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
-use ebpf_common::{FAMILY_IPV4, FAMILY_IPV6};
+use ebpf_common::{FAMILY_IPV4, FAMILY_IPV6, POLICY_FLOW_KEY_SUBJECT_RECEIVES, POLICY_FLOW_KEY_SUBJECT_SENDS};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv6Hdr,
@@ -35,10 +40,17 @@ pub fn closes(s: &Scratch) -> bool {
     s.key.protocol == PROTO_TCP && s.tcp_flags & (TCP_FIN | TCP_RST) != 0
 }
 
-/// Turns the key into the other direction's (twice: back).
+/// Marks the key as the check's pod's: it sends the packet (egress) or receives it.
+#[inline(always)]
+pub fn own(s: &mut Scratch, egress: bool) {
+    s.key.pad[0] = if egress { POLICY_FLOW_KEY_SUBJECT_SENDS } else { POLICY_FLOW_KEY_SUBJECT_RECEIVES };
+}
+
+/// Turns the key into the other direction's (twice: back); the pod's end turns with it.
 #[inline(always)]
 pub fn turn(s: &mut Scratch) {
     let k = &mut s.key;
+    k.pad[0] ^= POLICY_FLOW_KEY_SUBJECT_SENDS ^ POLICY_FLOW_KEY_SUBJECT_RECEIVES;
     core::mem::swap(&mut k.src_port, &mut k.dst_port);
     // Word by word: a swap of the arrays goes through a 16-byte temporary on the stack.
     let (a, b) = ((&raw mut k.src_addr).cast::<u32>(), (&raw mut k.dst_addr).cast::<u32>());
@@ -50,22 +62,34 @@ pub fn turn(s: &mut Scratch) {
     }
 }
 
-/// Copies `len` bytes of the packet at `offset` into `to` (scratch memory).
+/// Copies `len` bytes of the packet at `offset` into `to` (scratch memory): straight from
+/// the linear data when they are there (most packets: a helper call less), else by
+/// `bpf_skb_load_bytes`.
 #[inline(always)]
-fn load(ctx: &TcContext, offset: usize, to: *mut u8, len: u32) -> bool {
-    // SAFETY: `to` points at `len` bytes of the scratch value (the callers' arrays).
-    unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), offset as u32, to.cast(), len) == 0 }
+fn load(ctx: &TcContext, offset: usize, to: *mut u8, len: usize) -> bool {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + offset + len <= end {
+        // SAFETY: bounds checked just above; `to` points at `len` bytes of the scratch value.
+        unsafe { core::ptr::copy_nonoverlapping((start + offset) as *const u8, to, len) };
+        return true;
+    }
+    // SAFETY: as above for `to`.
+    unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), offset as u32, to.cast(), len as u32) == 0 }
 }
 
 /// Reads the tuple of an IPv4 or IPv6 packet into `s`; false for anything else, a truncated
 /// header, and ICMPv6 neighbour discovery and MLD (link-scope, never a policy's business).
 #[inline(always)]
 pub fn parse(ctx: &TcContext, s: &mut Scratch) -> bool {
-    let Ok(ether_type) = ctx.load::<u16>(core::mem::offset_of!(EthHdr, ether_type)) else { return false };
+    if !load(ctx, core::mem::offset_of!(EthHdr, ether_type), s.l4.as_mut_ptr(), 2) {
+        return false;
+    }
+    let ether_type = u16::from_ne_bytes([s.l4[0], s.l4[1]]);
     s.key.pad = [0; 2];
     s.key.src_port = 0;
     s.key.dst_port = 0;
     s.tcp_flags = 0;
+    s.icmp_error = 0;
     let ip: *mut u8 = s.ip.as_mut_ptr();
     let l4 = if ether_type == EtherType::Ipv4 as u16 {
         if !load(ctx, IP, ip, 20) {
@@ -127,10 +151,59 @@ pub fn parse(ctx: &TcContext, s: &mut Scratch) -> bool {
             match (protocol, h[0]) {
                 (PROTO_ICMP, 8) | (PROTO_ICMPV6, 128) => s.key.src_port = id,
                 (PROTO_ICMP, 0) | (PROTO_ICMPV6, 129) => s.key.dst_port = id,
+                (PROTO_ICMP, 3 | 11 | 12) | (PROTO_ICMPV6, 1..=4) => s.icmp_error = 1,
                 _ => {}
             }
         }
         _ => {}
     }
+    true
+}
+
+/// For an ICMP error ([`parse`] said so): keys `s` as the reply of the packet the error quotes
+/// (its addresses and ports turned around; the pod's end kept), so that the flow's entry is
+/// found. False when the quoted packet is not TCP, UDP or SCTP, or is cut short; `s` is then
+/// no packet's key (parse again).
+#[inline(always)]
+pub fn inner(ctx: &TcContext, s: &mut Scratch) -> bool {
+    let outer = if s.key.family == FAMILY_IPV4 { usize::from(s.ip[0] & 0x0f) * 4 } else { Ipv6Hdr::LEN };
+    // The ICMP header: type, code, checksum, 4 bytes (unused, MTU, pointer).
+    let at = IP + outer + 8;
+    let ip: *mut u8 = s.ip.as_mut_ptr();
+    let l4 = if s.key.family == FAMILY_IPV4 {
+        if !load(ctx, at, ip, 20) {
+            return false;
+        }
+        s.key.protocol = s.ip[9];
+        // SAFETY: words of the scratch value, 4-aligned (`scratch.rs`): the quoted source is
+        // the reply's destination.
+        unsafe {
+            let words = ip.cast::<u32>();
+            scratch::set_v4(&raw mut s.key.dst_addr, *words.add(3));
+            scratch::set_v4(&raw mut s.key.src_addr, *words.add(4));
+        }
+        if u16::from_be_bytes([s.ip[6], s.ip[7]]) & FRAGMENT_OFFSET != 0 {
+            return false;
+        }
+        at + usize::from(s.ip[0] & 0x0f) * 4
+    } else {
+        if !load(ctx, at, ip, 40) {
+            return false;
+        }
+        s.key.protocol = s.ip[6];
+        // SAFETY: within the scratch value, 4-aligned, as in `parse`.
+        unsafe {
+            scratch::copy16(&raw mut s.key.dst_addr, ip.add(8).cast());
+            scratch::copy16(&raw mut s.key.src_addr, ip.add(24).cast());
+        }
+        at + Ipv6Hdr::LEN
+    };
+    if !matches!(s.key.protocol, PROTO_TCP | PROTO_UDP | PROTO_SCTP) || !load(ctx, l4, s.l4.as_mut_ptr(), 4) {
+        return false;
+    }
+    let h = &s.l4;
+    s.key.dst_port = u16::from_be_bytes([h[0], h[1]]);
+    s.key.src_port = u16::from_be_bytes([h[2], h[3]]);
+    s.tcp_flags = 0;
     true
 }

@@ -12,10 +12,13 @@
 //! allowed connection alive after its entry is forgotten; a reply is only ever inferred from
 //! rules the subject has (a direction not isolated infers nothing), so an unallowed peer's
 //! forged ACK creates nothing. UDP is judged in its own direction only: any datagram may open.
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
+//!
+//! An ICMP error passes where a reply of the flow it quotes would (`tuple::inner`): never
+//! remembered, never opening anything. Others are judged as themselves (ICMP, no ports).
+use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
 use ebpf_common::{
     IDENTITY_HOST, MONITOR_POLICY_ALLOWED, MONITOR_POLICY_DENIED, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
-    POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_FLOW_RESPONDER_OK,
+    POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_FLOW_RESPONDER_OK, POLICY_FLOW_VIA_STACK,
 };
 
 use super::{Subject, flows, identity, rules, scratch, scratch::Scratch, tuple};
@@ -37,10 +40,36 @@ pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8) -> bool {
     }
     s.subject = *subject.endpoint;
     s.direction = direction;
+    tuple::own(s, direction == POLICY_DIRECTION_EGRESS);
+    // An ICMP error about a flow passes where the flow's replies pass (keyed as one); any
+    // other is judged as itself. A quote that cannot be read keys nothing (family 0).
+    if s.icmp_error != 0 {
+        quote(ctx, s);
+    }
     if cached(s) {
         return true;
     }
+    if s.icmp_error != 0 {
+        unquote(ctx, s);
+    }
     judge(ctx, s)
+}
+
+/// Keys an ICMP error as a reply of the flow it quotes; one whose quote cannot be read keys
+/// nothing (family 0). Not inlined, nor [`unquote`]: `from_pod`'s frame leaves `allows` 64
+/// bytes of stack, and these calls take none.
+#[inline(never)]
+fn quote(ctx: &TcContext, s: &mut Scratch) {
+    if !tuple::inner(ctx, s) {
+        s.key.family = 0;
+    }
+}
+
+/// The ICMP error's own key again, to be judged as itself.
+#[inline(never)]
+fn unquote(ctx: &TcContext, s: &mut Scratch) {
+    tuple::parse(ctx, s);
+    tuple::own(s, s.direction == POLICY_DIRECTION_EGRESS);
 }
 
 /// Whether a live entry of the packet's key has the bit this check needs; one that has lives on.
@@ -50,17 +79,18 @@ fn cached(s: &mut Scratch) -> bool {
         return false;
     }
     // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let Some(entry) = flows::live(&s.key, now) else { return false };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let Some(entry) = flows::live(&s.key, now, s.subject.owner) else { return false };
     // SAFETY: an LRU value, valid while this program runs.
     let flags = unsafe { (*entry).flags };
     // The opener's side for a packet out of the opener or into it; the responder's else.
     let original = flags & POLICY_FLOW_ORIGINAL != 0;
-    let needed = if (s.direction == POLICY_DIRECTION_EGRESS) == original {
-        POLICY_FLOW_OPENER_OK
-    } else {
-        POLICY_FLOW_RESPONDER_OK
-    };
+    let egress = s.direction == POLICY_DIRECTION_EGRESS;
+    let mut needed = if egress == original { POLICY_FLOW_OPENER_OK } else { POLICY_FLOW_RESPONDER_OK };
+    // A reply into the opener, to what it sent the stack.
+    if !egress && !original {
+        needed |= POLICY_FLOW_VIA_STACK;
+    }
     if flags & needed == 0 {
         return false;
     }
@@ -121,4 +151,34 @@ fn count(slot: u32, allowed: bool) {
             }
         }
     }
+}
+
+/// A packet an ingress-isolated pod sends to the node's stack (`from_pod`): remembered with
+/// `POLICY_FLOW_VIA_STACK`, so that its replies, which the stack may translate back (from a
+/// Service address), come in. Its egress verdict is taken where the stack forwards it.
+#[inline(never)]
+pub fn note_via_stack(ctx: &TcContext, subject: &Subject) {
+    let Some(s) = scratch::get() else { return };
+    // SAFETY: this CPU's scratch value, used by this program run alone.
+    let s = unsafe { &mut *s };
+    if !tuple::parse(ctx, s) {
+        return;
+    }
+    s.subject = *subject.endpoint;
+    s.direction = POLICY_DIRECTION_EGRESS;
+    tuple::own(s, true);
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    if !tuple::opens(s)
+        && let Some(entry) = flows::live(&s.key, now, s.subject.owner)
+    {
+        // SAFETY: an LRU value, valid while this program runs.
+        unsafe {
+            if (*entry).flags & POLICY_FLOW_ORIGINAL != 0 && (*entry).flags & POLICY_FLOW_VIA_STACK != 0 {
+                flows::touch(entry, now, tuple::closes(s));
+                return;
+            }
+        }
+    }
+    flows::remember(s, true, POLICY_FLOW_VIA_STACK, 0);
 }

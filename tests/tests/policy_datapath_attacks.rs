@@ -1,0 +1,281 @@
+//! NetworkPolicy in the datapath under the cases that would let a pod go unenforced or pass on
+//! state that is not its own: two pods whose host veths share a `POLICY_ENDPOINTS` slot, a new
+//! pod given a deleted pod's address, one pod opening flows without end, ICMP errors.
+//! The maps are written straight from the test, as the agent would.
+use std::{
+    fs,
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Instant,
+};
+
+use ebpf_cni_tests::{
+    Attached, Testbed,
+    frames::{self, ethernet},
+    policy_maps::{A, B, C, Policy, TCP, UDP},
+    probe::{self, Servers},
+    prog_run::{self, TC_ACT_REDIRECT, TC_ACT_SHOT},
+    run_in,
+};
+use ebpf_common::{
+    DropReason, FAMILY_IPV4, FlowKey, HOST_VETHS_SLOTS, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
+    POLICY_EGRESS_ISOLATED, POLICY_FLOW_KEY_SUBJECT_RECEIVES, POLICY_FLOW_KEY_SUBJECT_SENDS, POLICY_FLOW_OPENER_OK,
+    POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_FLOWS_PER_SECOND, PolicyEndpoint, PolicyFlow,
+    host_veth_slot,
+};
+
+const D: u32 = 259;
+
+fn ifindex_of(tb: &Testbed, ifname: &str) -> u32 {
+    let out = run_in(&tb.node.name, "ip", &["-j", "link", "show", "dev", ifname]).unwrap();
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    links[0]["ifindex"].as_u64().unwrap() as u32
+}
+
+/// Moves the node's next ifindex to `next` (the kernel hands them out in turn): bridges (no
+/// dummy driver here) made up to `next - 1` and left for the node's namespace to take away
+/// (deleting them one by one waits for RCU each time: minutes).
+fn skip_ifindexes_to(tb: &Testbed, next: u32) {
+    run_in(&tb.node.name, "ip", &["link", "add", "skip0", "type", "bridge"]).unwrap();
+    let first = ifindex_of(tb, "skip0");
+    assert!(first < next, "the node's ifindexes are already past {next}");
+    let batch = tb.data_dir().join("skip.batch");
+    let adds: String = (1..next - first).map(|i| format!("link add skip{i} type bridge\n")).collect();
+    fs::create_dir_all(tb.data_dir()).unwrap();
+    fs::write(&batch, adds).unwrap();
+    run_in(&tb.node.name, "ip", &["-batch", batch.to_str().unwrap()]).unwrap();
+}
+
+fn reaches(netns: &str, at: SocketAddrV4) -> bool {
+    probe::ask_tcp(netns, at).is_ok()
+}
+
+/// Two live pods whose host veths share a slot (ifindexes equal modulo the slots), placed as
+/// the agent places them: the lower ifindex in the slot, the other in
+/// `POLICY_ENDPOINTS_BY_IFINDEX`. Each is enforced by its own entry, never by its neighbour's;
+/// when the slot's pod goes (DEL), the other moves into the slot and stays enforced.
+#[test]
+fn pods_sharing_a_slot_are_each_enforced_by_their_own_entry() {
+    let test = "pods_sharing_a_slot_are_each_enforced_by_their_own_entry";
+    let Some(mut tb) = Testbed::for_test(test, "polsl", "10.220.0.0/24") else { return };
+    let mut pods = tb.add_attachments(3).unwrap();
+    let b_ifindex = ifindex_of(&tb, &pods[1].host_ifname);
+    skip_ifindexes_to(&tb, b_ifindex + HOST_VETHS_SLOTS);
+    pods.extend(tb.add_attachments(1).unwrap());
+    let (a, b, c, d) = (&pods[0], &pods[1], &pods[2], &pods[3]);
+    let d_ifindex = ifindex_of(&tb, &d.host_ifname);
+    assert_eq!(host_veth_slot(d_ifindex), host_veth_slot(b_ifindex), "no collision: {b_ifindex}, {d_ifindex}");
+    let ns: Vec<String> = tb.pods.iter().map(|p| p.netns.name.clone()).collect();
+    let mut servers = Servers::default();
+    servers.tcp(&ns[1], SocketAddrV4::new(b.ip, 8080)).unwrap();
+    servers.tcp(&ns[3], SocketAddrV4::new(d.ip, 8080)).unwrap();
+
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C), (d, D)] {
+        policy.identity(pod.ip, id);
+    }
+    // b lets in a only, d lets in c only: each pod's rules, each pod's verdicts.
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, TCP, Some(8080), 2);
+    policy.allow(D, C, POLICY_DIRECTION_INGRESS, TCP, Some(8080), 3);
+    let d_entry = policy.entry(d.ip, D, POLICY_INGRESS_ISOLATED, 1, 0);
+    let mut by_ifindex = Policy::by_ifindex(&tb);
+    by_ifindex.insert(d_ifindex, d_entry, 0).unwrap();
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 1, 0);
+    let at = |pod: &Attached| SocketAddrV4::new(pod.ip, 8080);
+    assert!(reaches(&ns[0], at(b)), "a → b: b's rule");
+    assert!(!reaches(&ns[2], at(b)), "c → b: b lets only a in");
+    assert!(reaches(&ns[2], at(d)), "c → d: d's rule, though the slot is b's");
+    assert!(!reaches(&ns[0], at(d)), "a → d: d is enforced, though the slot is b's (it lets only c in)");
+
+    // Without its entry, d would be judged by nobody's: a pod the agent has not written.
+    // With an entry of another attachment (d's veth's previous pod), d is not that pod.
+    let mut stale = d_entry;
+    stale.owner ^= 1;
+    by_ifindex.insert(d_ifindex, stale, 0).unwrap();
+    assert!(reaches(&ns[0], at(d)), "a → d: an entry of another attachment decided for d");
+    by_ifindex.insert(d_ifindex, d_entry, 0).unwrap();
+    assert!(!reaches(&ns[0], at(d)), "a → d with d's entry back");
+
+    // b goes: DEL gives d the slot (written over b's, then out of the hash), still enforced.
+    let slot = host_veth_slot(b_ifindex);
+    tb.del(1).unwrap();
+    assert_eq!(policy.subjects.get(&slot, 0).unwrap(), d_entry, "DEL did not move d into the slot b left");
+    assert!(by_ifindex.get(&d_ifindex, 0).is_err(), "d is still in POLICY_ENDPOINTS_BY_IFINDEX");
+    assert!(reaches(&ns[2], at(d)), "c → d after b's DEL");
+    assert!(!reaches(&ns[0], at(d)), "a → d after b's DEL");
+    // d goes: nothing of it stays.
+    tb.del(3).unwrap();
+    assert_eq!(policy.subjects.get(&slot, 0).unwrap(), PolicyEndpoint::default(), "DEL left d's slot");
+    drop(servers);
+    for pod in [0, 2] {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// A UDP datagram a → b (port 4000 to 4000), as `from_pod` gets it from a.
+fn udp_frame(from: &Attached, to: &Attached) -> Vec<u8> {
+    let datagram = frames::ipv4_udp(from.ip, to.ip, b"hello");
+    frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), datagram].concat())
+}
+
+fn udp_key(from: Ipv4Addr, to: Ipv4Addr, end: u8) -> FlowKey {
+    let mut key = FlowKey {
+        family: FAMILY_IPV4,
+        protocol: UDP,
+        pad: [end, 0],
+        src_port: 4000,
+        dst_port: 4000,
+        src_addr: [0; 16],
+        dst_addr: [0; 16],
+    };
+    key.src_addr[..4].copy_from_slice(&from.octets());
+    key.dst_addr[..4].copy_from_slice(&to.octets());
+    key
+}
+
+/// The UDP flow b opened to a (b's egress and the reply's key), as `owner`'s entries.
+fn opened_by_b(policy: &mut Policy, a: Ipv4Addr, b: Ipv4Addr, owner: u64) {
+    let flow = |flags| PolicyFlow { last_seen_ns: now_ns(), owner, slot: 0, flags };
+    let original = flow(POLICY_FLOW_ORIGINAL | POLICY_FLOW_OPENER_OK);
+    policy.flows.insert(udp_key(b, a, POLICY_FLOW_KEY_SUBJECT_SENDS), original, 0).unwrap();
+    policy.flows.insert(udp_key(a, b, POLICY_FLOW_KEY_SUBJECT_RECEIVES), flow(POLICY_FLOW_OPENER_OK), 0).unwrap();
+}
+
+/// CLOCK_MONOTONIC, as `bpf_ktime_get_coarse_ns` reads it.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a plain call with a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A deleted pod's flow entries outlive it (an LRU); a new pod that gets its address (and the
+/// same ports) must not pass on them: an entry of another attachment is no entry.
+#[test]
+fn a_pod_at_a_deleted_pods_address_inherits_none_of_its_flows() {
+    let test = "a_pod_at_a_deleted_pods_address_inherits_none_of_its_flows";
+    let Some(mut tb) = Testbed::for_test(test, "polow", "10.221.0.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    // b lets nothing in: only the replies of what b itself opened.
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 1, 0);
+    let b_owner = policy.entry(b.ip, B, 0, 0, 0).owner;
+
+    // The deleted pod's entries (another owner), with b's address and a's: a's datagram is
+    // no reply of b's.
+    opened_by_b(&mut policy, a.ip, b.ip, b_owner ^ 0x5a5a);
+    let denied = tb.drops(DropReason::PolicyDenied).unwrap();
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+    assert_eq!(verdict, TC_ACT_SHOT, "a's datagram passed on the deleted pod's entries");
+    assert_eq!(tb.drops(DropReason::PolicyDenied).unwrap(), denied + 1);
+
+    // The same entries as b's own: the reply passes (the key is the one the check uses).
+    policy.forget_flows();
+    opened_by_b(&mut policy, a.ip, b.ip, b_owner);
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+    assert_eq!(verdict, TC_ACT_REDIRECT, "the reply to b's own flow was dropped");
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// A UDP datagram `from` → `to` between the ports given, as `from_pod` gets it from `from`.
+fn udp_ports(from: &Attached, to: Ipv4Addr, ports: (u16, u16)) -> Vec<u8> {
+    let udp = [&ports.0.to_be_bytes()[..], &ports.1.to_be_bytes(), &12u16.to_be_bytes(), &[0, 0], b"flow"].concat();
+    let packet = frames::ipv4(from.ip, to, UDP, &udp);
+    frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
+}
+
+/// One pod opening allowed flows without end has at most `POLICY_NEW_FLOWS_PER_SECOND` of
+/// them remembered per second: the rest still pass (judged packet by packet), and the other
+/// pods' entries stay (a pod cannot cycle the LRU at that rate in less than a minute).
+#[test]
+fn one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache() {
+    let test = "one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache";
+    let Some(mut tb) = Testbed::for_test(test, "polbu", "10.222.0.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    // a and b may send UDP to c, on any port.
+    for (pod, id) in [(a, A), (b, B)] {
+        policy.subject(pod.ip, id, POLICY_EGRESS_ISOLATED, 0, 1);
+        policy.allow(id, C, POLICY_DIRECTION_EGRESS, UDP, None, 2);
+    }
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &b.host_ifname, udp_ports(b, c.ip, (5000, 53)));
+    assert_eq!(verdict, TC_ACT_REDIRECT);
+    let b_flows = policy.flows_of(b.ip);
+    assert_eq!(b_flows, 2, "b's flow: one entry each way");
+
+    let flood = 3 * POLICY_NEW_FLOWS_PER_SECOND as usize;
+    let frames: Vec<Vec<u8>> = (0..flood).map(|i| udp_ports(a, c.ip, (10_000 + i as u16, 53))).collect();
+    let started = Instant::now();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, frames).unwrap();
+    let seconds = started.elapsed().as_secs() + 1;
+    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed flow over the budget was dropped");
+    let a_flows = policy.flows_of(a.ip);
+    let budget = 2 * POLICY_NEW_FLOWS_PER_SECOND as usize * seconds as usize;
+    assert!(a_flows <= budget.min(2 * flood - 2), "a has {a_flows} entries after {flood} flows in {seconds} s");
+    assert!(a_flows >= 2 * POLICY_NEW_FLOWS_PER_SECOND as usize, "a's budget was not used: {a_flows}");
+    assert_eq!(policy.flows_of(b.ip), b_flows, "b's entries went");
+    // Over the budget, a's flows are still judged: one to a peer no rule allows is dropped.
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 53)));
+    assert_eq!(verdict, TC_ACT_SHOT, "a → b: no rule");
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// An ICMP error from `from` to `to` (type, code) quoting `quoted` (an IPv4 packet).
+fn icmp_error(from: &Attached, to: Ipv4Addr, kind: (u8, u8), quoted: &[u8]) -> Vec<u8> {
+    let icmp = [&[kind.0, kind.1, 0, 0, 0, 0, 0x05, 0xdc][..], &quoted[..28]].concat();
+    let packet = frames::ipv4(from.ip, to, 1, &icmp);
+    frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
+}
+
+/// ICMP errors about a flow pass where its replies pass: a port unreachable and a
+/// fragmentation-needed (PMTU discovery) for the flow a opened reach a (isolated for ingress,
+/// nothing allowed in); the same errors about a flow a never opened do not.
+#[test]
+fn icmp_errors_about_an_allowed_flow_pass_and_no_others() {
+    let test = "icmp_errors_about_an_allowed_flow_pass_and_no_others";
+    let Some(mut tb) = Testbed::for_test(test, "polic", "10.223.0.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    // a's datagram to b: a's flow, remembered by a's egress check (not isolated that way).
+    let datagram = udp_ports(a, b.ip, (4000, 53));
+    assert_eq!(prog_run::run(&tb, "from_pod", &a.host_ifname, datagram.clone()).0, TC_ACT_REDIRECT);
+    let quoted = &datagram[14..];
+    for kind in [(3, 3), (3, 4)] {
+        let error = icmp_error(b, a.ip, kind, quoted);
+        assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, error).0, TC_ACT_REDIRECT, "{kind:?} about a's flow");
+    }
+    // About a flow a did not open (other ports; a → c): dropped, and nothing remembered.
+    let before = policy.all_flows().len();
+    let other = udp_ports(a, b.ip, (4001, 53));
+    let to_c = udp_ports(a, c.ip, (4000, 53));
+    for (from, quoted) in [(b, &other[14..]), (c, &to_c[14..])] {
+        let error = icmp_error(from, a.ip, (3, 3), quoted);
+        assert_eq!(
+            prog_run::run(&tb, "from_pod", &from.host_ifname, error).0,
+            TC_ACT_SHOT,
+            "an unrelated error passed"
+        );
+    }
+    assert_eq!(policy.all_flows().len(), before, "an ICMP error created state");
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
