@@ -35,9 +35,10 @@ fn pod(name: &str, app: &str, at: &Attached) -> Value {
     })
 }
 
-fn node_file(tb: &Testbed) -> PathBuf {
+fn node_file(tb: &Testbed, extra: Value) -> PathBuf {
     let path = tb.data_dir().with_file_name("node.json");
-    let node = json!({ "primaryNetwork": tb.network, "bpffsRoot": tb.bpffs_root() });
+    let mut node = json!({ "primaryNetwork": tb.network, "bpffsRoot": tb.bpffs_root() });
+    node.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     std::fs::write(&path, node.to_string()).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     path
@@ -94,7 +95,7 @@ fn the_agent_enforces_policies_from_the_api() {
         })],
     );
     let names = tb.data_dir().with_file_name("policy-names.json");
-    let conf = node_file(&tb);
+    let conf = node_file(&tb, json!({}));
     let args = ["--api-server", &format!("http://{API}"), "--node-conf", conf.to_str().unwrap()];
     let more = ["--policy-names", names.to_str().unwrap(), "--metrics-addr", METRICS];
     let agent = RunningAgent::start(&tb, "node-1", &[&args[..], &more[..]].concat()).unwrap();
@@ -130,4 +131,29 @@ fn the_agent_enforces_policies_from_the_api() {
     assert!(syncs.is_some_and(|n| n >= 3.0), "{body}");
     assert_eq!(prometheus::value(&families, "ebpf_cni_policy_enforcing", &[]), Some(1.0), "{body}");
     assert!(agent.log().contains("network policy: first sync"), "{}", agent.log());
+}
+
+#[test]
+fn the_node_file_turns_it_off() {
+    let Some(mut tb) = Testbed::for_test("the_node_file_turns_it_off", "polof", "10.218.0.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let store = FakeStore::start(&tb.node.name, API.parse::<SocketAddrV4>().unwrap());
+    store.put(NODES, [json!({"metadata": {"name": "node-1"}, "spec": {"podCIDR": "10.218.0.0/24"}})]);
+    store.put(NAMESPACES, [json!({"metadata": {"name": "x"}})]);
+    store.put(PODS, [pod("a", "client", &pods[0]), pod("b", "server", &pods[1])]);
+    store.put(
+        NETWORK_POLICIES,
+        [json!({"metadata": {"namespace": "x", "name": "deny"},
+                                        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}})],
+    );
+    let conf = node_file(&tb, json!({"networkPolicy": false}));
+    let args = ["--api-server", &format!("http://{API}"), "--node-conf", conf.to_str().unwrap()];
+    let agent = RunningAgent::start(&tb, "node-1", &args).unwrap();
+    within(Duration::from_secs(5), "the agent's word on it", &agent, || agent.log().contains("networkPolicy is false"));
+    sleep(Duration::from_secs(1));
+    assert!(store.requests(NETWORK_POLICIES).is_empty(), "no NetworkPolicy was asked for");
+    let ns: Vec<String> = tb.pods.iter().map(|p| p.netns.name.clone()).collect();
+    let mut servers = Servers::default();
+    servers.tcp(&ns[1], SocketAddrV4::new(pods[1].ip, 8080)).unwrap();
+    assert!(reaches(&ns[0], SocketAddrV4::new(pods[1].ip, 8080)), "nothing is enforced");
 }

@@ -3,7 +3,9 @@
 //! and, on dual-stack nodes, IPv6) in step with the cluster's Node objects, watched on the API
 //! server. Routes stay when the agent stops, so pods keep
 //! working through an agent restart or upgrade. With a node file naming the primary network,
-//! it also keeps that network's datapath loaded ahead of its first pod (`preload.rs`).
+//! it also keeps that network's datapath loaded ahead of its first pod (`preload.rs`), and
+//! against an API server enforces the cluster's NetworkPolicies on it (`policy.rs`) unless the
+//! node file says `"networkPolicy": false`.
 mod plan;
 mod policy;
 mod policy_set;

@@ -1,6 +1,6 @@
 //! The compiler: the input into the three maps' whole contents. Pure: the agent and
 //! `policy-set` diff its output against what they wrote before (`diff.rs`).
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ebpf_common::{
     IDENTITY_ANY, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED,
@@ -110,6 +110,7 @@ impl Compiler {
             .collect();
         let table = identities::build(input, &blocks, &mut self.interner, &mut problems);
         let mut subjects = self.subjects(input, &table);
+        let by_block = blocks_index(&table.known);
         let mut rules = BTreeMap::new();
         let mut unmatched = Vec::new();
         for policy in &policies {
@@ -144,7 +145,7 @@ impl Compiler {
                 let identities: BTreeMap<u32, &BTreeSet<NamedPort>> =
                     chosen.iter().map(|&i| (subjects[i].identity, subjects[i].ports)).collect();
                 for rule in policy_rules {
-                    let peers = resolve(rule, input, &table.known);
+                    let peers = resolve(rule, input, &table.known, &by_block);
                     for (&subject, ports) in &identities {
                         let emit = Emit { subject, ports, direction, slot };
                         emit.rule(rule, peers.as_deref(), &table.known, &mut rules);
@@ -215,14 +216,25 @@ fn endpoints(subjects: &[Subject<'_>], problems: &mut Vec<String>) -> BTreeMap<u
     out
 }
 
+/// Each block's identities (indexes into `known`).
+fn blocks_index(known: &[Known]) -> HashMap<&Block, Vec<usize>> {
+    let mut out: HashMap<&Block, Vec<usize>> = HashMap::new();
+    for (i, k) in known.iter().enumerate() {
+        for block in &k.blocks {
+            out.entry(block).or_default().push(i);
+        }
+    }
+    out
+}
+
 /// The identities a rule's peers name; `None`: every address (`IDENTITY_ANY`).
-fn resolve(rule: &Rule, input: &Input, known: &[Known]) -> Option<Vec<usize>> {
+fn resolve(rule: &Rule, input: &Input, known: &[Known], by_block: &HashMap<&Block, Vec<usize>>) -> Option<Vec<usize>> {
     let peers = rule.peers.as_ref()?;
     let mut out = BTreeSet::new();
     for peer in peers {
         match peer {
             Peer::Nothing => {}
-            Peer::Block(block) => out.extend((0..known.len()).filter(|&i| known[i].blocks.contains(block))),
+            Peer::Block(block) => out.extend(by_block.get(block).into_iter().flatten().copied()),
             Peer::Pods { namespaces, pods } => {
                 let no_labels = Default::default();
                 let in_namespace = |ns: &str| match namespaces {

@@ -72,9 +72,35 @@ pub struct Table {
     pub pods: BTreeMap<ObjectKey, Vec<(std::net::IpAddr, u32)>>,
 }
 
+/// Blocks by their CIDR: the blocks holding a prefix are among those whose CIDR is one of its
+/// (at most 129) leading prefixes, so 10,000 blocks cost lookups, not a walk per address.
+struct BlockIndex<'a> {
+    by_cidr: HashMap<Prefix, Vec<&'a Block>>,
+}
+
+impl<'a> BlockIndex<'a> {
+    fn new(blocks: &'a BTreeSet<Block>) -> Self {
+        let mut by_cidr: HashMap<Prefix, Vec<&Block>> = HashMap::new();
+        for block in blocks {
+            by_cidr.entry(block.cidr).or_default().push(block);
+        }
+        Self { by_cidr }
+    }
+
+    fn holding(&self, prefix: &Prefix) -> BTreeSet<Block> {
+        (0..=prefix.bits)
+            .filter_map(|bits| self.by_cidr.get(&Prefix::new(prefix.addr, bits)))
+            .flatten()
+            .filter(|b| b.contains(prefix))
+            .map(|b| (*b).clone())
+            .collect()
+    }
+}
+
 /// Numbers every pod address, every boundary of `blocks`, both `/0`s and the node's addresses.
 pub fn build(input: &Input, blocks: &BTreeSet<Block>, interner: &mut Interner, problems: &mut Vec<String>) -> Table {
-    let in_blocks = |p: &Prefix| -> BTreeSet<Block> { blocks.iter().filter(|b| b.contains(p)).cloned().collect() };
+    let index = BlockIndex::new(blocks);
+    let in_blocks = |p: &Prefix| index.holding(p);
     // Keys first, sorted, then numbered: the first compile numbers in a stable order.
     let mut keyed: BTreeMap<IdentityKey, Vec<Prefix>> = BTreeMap::new();
     let mut owner: BTreeMap<std::net::IpAddr, &ObjectKey> = BTreeMap::new();
