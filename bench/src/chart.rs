@@ -39,6 +39,8 @@ fn colour(path: Path) -> &'static str {
         Path::BareNodes => "#374151",
         Path::Floor => "#16a34a",
         Path::Routed => "#7c3aed",
+        Path::NoPolicy => "#60a5fa",
+        Path::Previous => "#a3a3a3",
     }
 }
 

@@ -14,6 +14,10 @@ mod full_maps;
 mod hold;
 mod iperf;
 mod masquerade;
+mod policy;
+mod policy_cost;
+mod policy_set;
+mod policy_sync;
 mod proc;
 mod prog_cost;
 mod provenance;
@@ -55,6 +59,10 @@ struct Cli {
     /// Seconds per iperf3 run.
     #[arg(long, default_value_t = 5)]
     seconds: u32,
+    /// The previous release's binary: the policy section measures its node (no policy) in the
+    /// same rounds as this build's, the standing rule that allowed traffic does not move.
+    #[arg(long)]
+    previous: Option<PathBuf>,
     /// Where the results go (default: bench/results).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -101,19 +109,23 @@ enum Section {
     ServiceAftermath,
     /// The uplink's programs per packet with and without kubeProxyReplacement (ebpf-cni only).
     Uplink,
+    /// Pod → pod and pod → ClusterIP → pod with 1,000 NetworkPolicies and with none; a policy
+    /// or pod label change → datapath (ebpf-cni only).
+    Policy,
     /// Pods at once, ADD/DEL churn with traffic, 1,000 pods on a node, SIGKILLs and GC (ebpf-cni
     /// only; only with `--only scale`: minutes, and counts rather than paths compared).
     Scale,
 }
 
 /// What runs when `--only` is not given.
-const DEFAULT_SECTIONS: [Section; 9] = [
+const DEFAULT_SECTIONS: [Section; 10] = [
     Section::Datapath,
     Section::Datapath6,
     Section::Masquerade,
     Section::CrossNode,
     Section::Service,
     Section::ServiceAftermath,
+    Section::Policy,
     Section::Uplink,
     Section::Control,
     Section::ControlFullMaps,
@@ -135,6 +147,12 @@ pub struct Settings {
     pub service_changes: usize,
     /// Repeats of one `BPF_PROG_TEST_RUN` timing (the uplink section's).
     pub prog_runs: u32,
+    /// The policy section's "many policies".
+    pub policies: usize,
+    /// Changes of each kind (a policy, a pod label) timed per round.
+    pub policy_changes: usize,
+    /// The previous release (`--previous`), measured beside this build by the policy section.
+    pub previous: Option<Plugin>,
 }
 
 /// Errors as one line with their causes, without the backtrace anyhow's Debug form adds when
@@ -185,6 +203,9 @@ fn run_bench(cli: Cli) -> Result<()> {
             services: 500,
             service_changes: 5,
             prog_runs: 10_000,
+            policies: 1000,
+            policy_changes: 4,
+            previous: cli.previous.clone().map(|binary| Plugin { binary }),
         }
     } else {
         Settings {
@@ -196,6 +217,9 @@ fn run_bench(cli: Cli) -> Result<()> {
             services: 10_000,
             service_changes: 50,
             prog_runs: 1_000_000,
+            policies: 1000,
+            policy_changes: 50,
+            previous: cli.previous.clone().map(|binary| Plugin { binary }),
         }
     };
     if !cli.smoke && cli.rounds < 5 {
@@ -224,6 +248,9 @@ fn run_bench(cli: Cli) -> Result<()> {
     }
     if wanted(Section::ServiceAftermath) {
         figures.extend(service_aftermath::run(&settings, &ours)?);
+    }
+    if wanted(Section::Policy) {
+        figures.extend(policy::run(&settings, &ours)?);
     }
     if wanted(Section::Uplink) {
         figures.extend(uplink::run(&settings, &ours)?);

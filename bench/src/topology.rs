@@ -46,6 +46,10 @@ pub enum Path {
     /// Two namespaces each joined by a veth to a third that forwards between them, no plugin,
     /// no netfilter rule, no BPF: what one kernel forwarding hop costs (the cross-node section).
     Routed,
+    /// ebpf-cni without any NetworkPolicy (the policy section, where `EbpfCni` has 1,000).
+    NoPolicy,
+    /// The previous release's ebpf-cni, without policy (the policy section, `--previous`).
+    Previous,
 }
 
 impl Path {
@@ -55,7 +59,7 @@ impl Path {
     pub const DATAPATH: [Self; 5] = [Self::EbpfCni, Self::Floor, Self::Bridge, Self::BareVeth, Self::Loopback];
     pub const PLUGINS: [Self; 2] = [Self::EbpfCni, Self::Bridge];
     /// Every column, in the tables' order.
-    pub const EVERY: [Self; 10] = [
+    pub const EVERY: [Self; 12] = [
         Self::EbpfCni,
         Self::Bridge,
         Self::BareVeth,
@@ -66,6 +70,8 @@ impl Path {
         Self::OwnPodToPod,
         Self::BareNodes,
         Self::Routed,
+        Self::NoPolicy,
+        Self::Previous,
     ];
 
     pub fn name(self) -> &'static str {
@@ -80,6 +86,8 @@ impl Path {
             Self::BareNodes => "bare node → node",
             Self::Floor => "floor (MAC rewrite + redirect_peer)",
             Self::Routed => "routed (1 hop, no plugin)",
+            Self::NoPolicy => "ebpf-cni, no policy",
+            Self::Previous => "previous release",
         }
     }
 
@@ -87,7 +95,12 @@ impl Path {
     pub fn base(self) -> Self {
         match self {
             Self::Bridge | Self::BridgeNft => Self::Bridge,
-            Self::EbpfCni | Self::EbpfCniKubeProxy | Self::OwnPodToPod | Self::Floor => Self::EbpfCni,
+            Self::EbpfCni
+            | Self::EbpfCniKubeProxy
+            | Self::OwnPodToPod
+            | Self::Floor
+            | Self::NoPolicy
+            | Self::Previous => Self::EbpfCni,
             other => other,
         }
     }

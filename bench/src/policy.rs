@@ -1,0 +1,219 @@
+//! NetworkPolicy's cost to the traffic it allows, on one node, ebpf-cni only: pod → pod and
+//! pod → ClusterIP → pod (the socket LB, kubeProxyReplacement on, as in the Service section),
+//! each with no policy and with 1,000 (`policy_set.rs`: every pod of the measured pair's
+//! namespace isolated both ways, hundreds of policies allowing the measured flows, the rest
+//! selecting pods of other namespaces), written with `ebpf-cni policy-set`. Each round builds a
+//! fresh node per state, the order rotating. Figures: TCP ping-pong p50 and p99 and new
+//! connections per second, 1,000 policies ÷ none, and `from_pod`'s own time per packet of an
+//! established flow (`policy_cost.rs`), which the round trips' noise cannot hide. With
+//! `--previous BINARY`, the previous release's node (no policy) is measured in the same
+//! rounds: the no-policy figures of this build ÷ it, the standing rule that allowed traffic
+//! without policy does not move. Then `policy_sync.rs`: a policy change and a pod label change
+//! → the datapath's verdict.
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use anyhow::{Context, Result, ensure};
+use ebpf_cni_tests::{Plugin, traffic::in_netns};
+
+use crate::{
+    Settings, conn_rate, policy_cost,
+    policy_set::{self, CLOSED_PORT, Cluster},
+    policy_sync,
+    report::{Better::*, Figure},
+    service_set::{self, CLUSTER_IP, CONN_PORT},
+    sockperf::{self, LATENCY_CPU},
+    topology::{self, Pair, Path},
+};
+
+/// The two flows measured, by where the client dials.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    PodToPod,
+    ClusterIp,
+}
+
+impl Flow {
+    fn name(self) -> &'static str {
+        match self {
+            Flow::PodToPod => "pod → pod",
+            Flow::ClusterIp => "pod → ClusterIP → pod",
+        }
+    }
+
+    fn section(self, policies: bool) -> &'static str {
+        match (self, policies) {
+            (Flow::PodToPod, true) => "pod → pod, 1,000 NetworkPolicies",
+            (Flow::ClusterIp, true) => "pod → ClusterIP → pod, 1,000 NetworkPolicies",
+            (Flow::PodToPod, false) => "pod → pod, no NetworkPolicy",
+            (Flow::ClusterIp, false) => "pod → ClusterIP → pod, no NetworkPolicy",
+        }
+    }
+}
+
+/// One flow's figures: with policies against none (`EbpfCni` = 1,000 policies, `NoPolicy`),
+/// when the build has NetworkPolicy; and without policy (`EbpfCni` = this build, `Previous`).
+/// Values in the order of [`measure`]'s: p50, p99, conn/s, and for pod → pod `from_pod`'s ns.
+struct Figures {
+    policies: Option<Vec<Figure>>,
+    none: Vec<Figure>,
+}
+
+impl Figures {
+    fn new(flow: Flow, policies: bool) -> Self {
+        let make = |policies: bool| {
+            let against = Some(if policies { Path::NoPolicy } else { Path::Previous });
+            let section = flow.section(policies);
+            let mut all = vec![
+                Figure::new(section, "TCP ping-pong RTT p50 (same CPU)", "µs", Lower).target(against, 1.03),
+                Figure::new(section, "TCP ping-pong RTT p99 (same CPU)", "µs", Lower),
+                Figure::new(section, "TCP connections, one at a time", "conn/s", Higher).target(against, 0.97),
+            ];
+            if flow == Flow::PodToPod {
+                let name = "from_pod per packet, an established flow's ACK (BPF_PROG_TEST_RUN)";
+                all.push(Figure::new(section, name, "ns", Lower));
+            }
+            all.into_iter().map(Figure::own_columns).collect::<Vec<_>>()
+        };
+        Self { policies: policies.then(|| make(true)), none: make(false) }
+    }
+
+    /// `state`'s values: 1,000 policies (`EbpfCni`), this build without policy (`NoPolicy`),
+    /// the previous release (`Previous`).
+    fn record(&mut self, state: Path, values: &[f64]) {
+        let put = |figures: &mut Vec<Figure>, column: Path| {
+            for (figure, value) in figures.iter_mut().zip(values) {
+                figure.record(column, *value);
+            }
+        };
+        if let Some(with) = &mut self.policies
+            && state != Path::Previous
+        {
+            put(with, state);
+        }
+        match state {
+            Path::NoPolicy => put(&mut self.none, Path::EbpfCni),
+            Path::Previous => put(&mut self.none, Path::Previous),
+            _ => {}
+        }
+    }
+
+    /// With policies; without, when `without` (against the previous release, or alone for a
+    /// build without NetworkPolicy).
+    fn split(self, without: bool) -> (Vec<Figure>, Vec<Figure>) {
+        let none = if without { self.none } else { Vec::new() };
+        (self.policies.unwrap_or_default(), none)
+    }
+}
+
+pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
+    let previous = s.previous.as_ref();
+    let enforces = policy_set::supported(ours);
+    if !enforces {
+        eprintln!("{} has no NetworkPolicy (no policy-set): measuring without policy only", ours.binary.display());
+    }
+    let mut flows = [Flow::PodToPod, Flow::ClusterIp].map(|flow| (flow, Figures::new(flow, enforces)));
+    let mut sync = enforces.then(|| policy_sync::Figures::new(s.policies));
+    let states: Vec<Path> = [Path::EbpfCni, Path::NoPolicy]
+        .into_iter()
+        .filter(|p| enforces || *p != Path::EbpfCni)
+        .chain(previous.map(|_| Path::Previous))
+        .collect();
+    for round in 0..s.rounds {
+        let mut order = states.clone();
+        order.rotate_left(round % states.len());
+        for state in order {
+            let plugin = if state == Path::Previous { previous.context("--previous")? } else { ours };
+            let policies = if state == Path::EbpfCni { s.policies } else { 0 };
+            let mut pair = node(plugin, policies)?;
+            for (flow, figures) in &mut flows {
+                let mut values = measure(s, &mut pair, *flow)?.to_vec();
+                if *flow == Flow::PodToPod {
+                    values.push(policy_cost::from_pod_ack(&pair)?);
+                }
+                eprintln!(
+                    "policy round {round} {:20} {:22}: TCP RTT p50 {:.1} µs, p99 {:.1} µs, {:.0} conn/s{}",
+                    state.name(),
+                    flow.name(),
+                    values[0],
+                    values[1],
+                    values[2],
+                    values.get(3).map_or(String::new(), |ns| format!(", from_pod {ns:.0} ns"))
+                );
+                figures.record(state, &values);
+            }
+        }
+        if let Some(sync) = &mut sync {
+            let changes = policy_sync::measure(ours, s.policies, s.policy_changes)?;
+            eprintln!("policy round {round}: {}", changes.summary());
+            sync.record(&changes);
+        }
+    }
+    // Every flow with policies, then every flow without (the tables' order), then the changes.
+    let (with, without): (Vec<_>, Vec<_>) =
+        flows.into_iter().map(|(_, f)| f.split(previous.is_some() || !enforces)).unzip();
+    let mut figures: Vec<Figure> = with.into_iter().chain(without).flatten().collect();
+    figures.extend(sync.into_iter().flat_map(policy_sync::Figures::figures));
+    Ok(figures)
+}
+
+/// A fresh node of `plugin` with the socket LB, the client and server pods, the measured
+/// Services in front of the server and, when `policies` > 0, that many NetworkPolicies; a
+/// pair whose clients dial the server itself.
+fn node(plugin: &Plugin, policies: usize) -> Result<Pair> {
+    let pair = topology::build_socket_lb(plugin)?;
+    let tb = pair.node().context("a CNI path has a node")?;
+    let server: Ipv4Addr = pair.server_ip.parse()?;
+    service_set::write_to_maps(tb, &service_set::services(1, server))?;
+    if policies > 0 {
+        let client = client_ip(&pair)?;
+        policy_set::write_to_maps(tb, &Cluster { client, server, node: "node-1" }, policies)?;
+        // Measuring a node that enforces nothing would flatter it: a port no policy allows
+        // must be closed, while the measured one connects.
+        ensure!(
+            connects(&pair.client_ns, SocketAddrV4::new(server, CONN_PORT), &pair.server_ns)?,
+            "policies deny the measured flow"
+        );
+        ensure!(
+            !connects(&pair.client_ns, SocketAddrV4::new(server, CLOSED_PORT), &pair.server_ns)?,
+            "with {policies} policies a port none allows still connects: nothing is enforced"
+        );
+    }
+    Ok(pair)
+}
+
+/// The client pod's address (its eth0's).
+pub fn client_ip(pair: &Pair) -> Result<Ipv4Addr> {
+    let out = ebpf_cni_tests::run_in(&pair.client_ns, "ip", &["-4", "-o", "addr", "show", "dev", "eth0"])?;
+    let text = String::from_utf8(out.stdout)?;
+    let address = text.split_whitespace().skip_while(|w| *w != "inet").nth(1).context("no IPv4 address on eth0")?;
+    Ok(address.split('/').next().unwrap_or_default().parse()?)
+}
+
+/// Whether a TCP connection from `client_ns` to `to` (a listener in `server_ns`) is set up
+/// within 300 ms.
+fn connects(client_ns: &str, to: SocketAddrV4, server_ns: &str) -> Result<bool> {
+    let _listener = ebpf_cni_tests::traffic::tcp_listener(server_ns, to)?;
+    in_netns(client_ns, move || {
+        Ok(std::net::TcpStream::connect_timeout(&to.into(), std::time::Duration::from_millis(300)).is_ok())
+    })
+}
+
+/// `flow`'s ping-pong p50 and p99 (µs) and connections per second on `pair`'s node.
+fn measure(s: &Settings, pair: &mut Pair, flow: Flow) -> Result<[f64; 3]> {
+    let server: Ipv4Addr = pair.server_ip.parse()?;
+    let listen = SocketAddrV4::new(server, CONN_PORT);
+    let direct = Pair::borrowed(&pair.client_ns, &pair.server_ns, &pair.server_ip);
+    let (dialled, dial) = match flow {
+        // The client outside the socket LB's cgroup: plain pod → pod.
+        Flow::PodToPod => (&direct, listen),
+        Flow::ClusterIp => {
+            pair.dial_ip = CLUSTER_IP.to_string();
+            (&*pair, SocketAddrV4::new(CLUSTER_IP, CONN_PORT))
+        }
+    };
+    let latency = sockperf::ping_pong(dialled, sockperf::Protocol::Tcp, s.latency_seconds, LATENCY_CPU)?;
+    let cgroup = dialled.client_cgroup();
+    let rate =
+        conn_rate::per_second_in_process(&pair.client_ns, cgroup, &pair.server_ns, listen, dial, s.latency_seconds)?;
+    Ok([latency.p50_us, latency.p99_us, rate])
+}
