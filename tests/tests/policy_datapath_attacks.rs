@@ -11,7 +11,7 @@ use std::{
 use ebpf_cni_tests::{
     Attached, Testbed,
     frames::{self, ethernet},
-    policy_maps::{A, B, C, Policy, TCP, UDP},
+    policy_maps::{A, B, C, Policy, TCP, UDP, pod_object, policy_set},
     probe::{self, Servers},
     prog_run::{self, TC_ACT_REDIRECT, TC_ACT_SHOT},
     run_in,
@@ -22,6 +22,7 @@ use ebpf_common::{
     POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_FLOWS_PER_SECOND, PolicyEndpoint, PolicyFlow,
     host_veth_slot,
 };
+use serde_json::json;
 
 const D: u32 = 259;
 
@@ -107,6 +108,70 @@ fn pods_sharing_a_slot_are_each_enforced_by_their_own_entry() {
     assert_eq!(policy.subjects.get(&slot, 0).unwrap(), PolicyEndpoint::default(), "DEL left d's slot");
     drop(servers);
     for pod in [0, 2] {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// The same collision written by the agent's own writer (`ebpf-cni policy-set`): b keeps the
+/// slot, d goes into `POLICY_ENDPOINTS_BY_IFINDEX`, each enforced by its own policy. After b's
+/// DEL (which moves d into the slot), a second run agrees with what DEL did and leaves d enforced.
+#[test]
+fn policy_set_places_pods_sharing_a_slot() {
+    let test = "policy_set_places_pods_sharing_a_slot";
+    let Some(mut tb) = Testbed::for_test(test, "polss", "10.224.0.0/24") else { return };
+    let mut pods = tb.add_attachments(3).unwrap();
+    let b_ifindex = ifindex_of(&tb, &pods[1].host_ifname);
+    skip_ifindexes_to(&tb, b_ifindex + HOST_VETHS_SLOTS);
+    pods.extend(tb.add_attachments(1).unwrap());
+    let (a, b, c, d) = (&pods[0], &pods[1], &pods[2], &pods[3]);
+    let d_ifindex = ifindex_of(&tb, &d.host_ifname);
+    assert_eq!(host_veth_slot(d_ifindex), host_veth_slot(b_ifindex), "no collision: {b_ifindex}, {d_ifindex}");
+    let ns: Vec<String> = tb.pods.iter().map(|p| p.netns.name.clone()).collect();
+    let mut servers = Servers::default();
+    servers.tcp(&ns[1], SocketAddrV4::new(b.ip, 8080)).unwrap();
+    servers.tcp(&ns[3], SocketAddrV4::new(d.ip, 8080)).unwrap();
+
+    // b lets in a only, d lets in c only.
+    let allow = |name: &str, subject: &str, peer: &str| {
+        json!({
+            "metadata": {"namespace": "x", "name": name},
+            "spec": {"podSelector": {"matchLabels": {"app": subject}},
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": peer}}}],
+                                  "ports": [{"port": 8080}]}]},
+        })
+    };
+    let objects = |pods: &[(&str, &Attached)]| {
+        json!({
+            "namespaces": [{"metadata": {"name": "x"}}],
+            "pods": pods.iter().map(|(n, p)| pod_object(n, json!({"app": n}), p.ip.into())).collect::<Vec<_>>(),
+            "networkPolicies": [allow("b-from-a", "b", "a"), allow("d-from-c", "d", "c")],
+        })
+    };
+    let wrote = policy_set(&tb, &objects(&[("a", a), ("b", b), ("c", c), ("d", d)]));
+    assert_eq!(wrote["endpoints"], json!(4), "{wrote}");
+    assert_eq!(wrote["endpoints_by_ifindex"], json!(1), "{wrote}");
+    assert_eq!(wrote["problems"], json!([]), "{wrote}");
+    let policy = Policy::open(&tb);
+    let by_ifindex = Policy::by_ifindex(&tb);
+    let slot = host_veth_slot(b_ifindex);
+    assert_eq!(policy.subjects.get(&slot, 0).unwrap().ifindex, b_ifindex, "the lower ifindex keeps the slot");
+    assert_eq!(by_ifindex.get(&d_ifindex, 0).unwrap().flags, POLICY_INGRESS_ISOLATED);
+    let at = |pod: &Attached| SocketAddrV4::new(pod.ip, 8080);
+    assert!(reaches(&ns[0], at(b)), "a → b: b's rule");
+    assert!(!reaches(&ns[2], at(b)), "c → b: b lets only a in");
+    assert!(reaches(&ns[2], at(d)), "c → d: d's rule, though the slot is b's");
+    assert!(!reaches(&ns[0], at(d)), "a → d: d is enforced by its own entry");
+
+    // b goes: DEL moves d into the slot; the writer's next run finds nothing left to fix.
+    tb.del(1).unwrap();
+    let again = policy_set(&tb, &objects(&[("a", a), ("c", c), ("d", d)]));
+    assert_eq!(again["endpoints_by_ifindex"], json!(0), "{again}");
+    assert_eq!(policy.subjects.get(&slot, 0).unwrap().ifindex, d_ifindex, "d is in the slot b left");
+    assert!(by_ifindex.get(&d_ifindex, 0).is_err(), "d is still in POLICY_ENDPOINTS_BY_IFINDEX");
+    assert!(reaches(&ns[2], at(d)), "c → d after b's DEL");
+    assert!(!reaches(&ns[0], at(d)), "a → d after b's DEL");
+    drop((servers, policy, by_ifindex));
+    for pod in [0, 2, 3] {
         tb.del(pod).unwrap();
     }
 }
