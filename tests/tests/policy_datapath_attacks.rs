@@ -4,7 +4,7 @@
 //! The maps are written straight from the test, as the agent would.
 use std::{
     fs,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddrV4},
     time::Instant,
 };
 
@@ -339,6 +339,89 @@ fn icmp_errors_about_an_allowed_flow_pass_and_no_others() {
         );
     }
     assert_eq!(policy.all_flows().len(), before, "an ICMP error created state");
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// A dual-stack pod of `tb` after ADD: its IPv6 address, host veth, and the veth pair's MACs.
+struct Pod6 {
+    ip: Ipv6Addr,
+    host_ifname: String,
+    host_mac: [u8; 6],
+    pod_mac: [u8; 6],
+}
+
+fn add_pods6(tb: &mut Testbed, subnets: [&str; 2], count: usize) -> Vec<Pod6> {
+    let ranges: Vec<serde_json::Value> = subnets.iter().map(|s| json!([{ "subnet": s }])).collect();
+    tb.extra.insert("ipam".into(), json!({ "type": "host-local", "ranges": ranges, "dataDir": tb.data_dir() }));
+    let mac = |v: &serde_json::Value| -> [u8; 6] {
+        let bytes: Vec<u8> = v.as_str().unwrap().split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+        bytes.try_into().unwrap()
+    };
+    (0..count)
+        .map(|_| {
+            let pod = tb.new_pod().unwrap();
+            let out = tb.cni("ADD", pod, &tb.conf("1.1.0")).unwrap();
+            assert!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
+            let r = out.json();
+            Pod6 {
+                ip: r["ips"][1]["address"].as_str().unwrap().split('/').next().unwrap().parse().unwrap(),
+                host_ifname: r["interfaces"][0]["name"].as_str().unwrap().to_string(),
+                host_mac: mac(&r["interfaces"][0]["mac"]),
+                pod_mac: mac(&r["interfaces"][1]["mac"]),
+            }
+        })
+        .collect()
+}
+
+/// A UDP datagram `from` → `to` between the ports given, as `from_pod` gets it from `from`.
+fn udp6(from: &Pod6, to: Ipv6Addr, ports: (u16, u16)) -> Vec<u8> {
+    let udp = [&ports.0.to_be_bytes()[..], &ports.1.to_be_bytes(), &12u16.to_be_bytes(), &[0, 0], b"flow"].concat();
+    [ethernet(from.host_mac, from.pod_mac, 0x86dd), frames::ipv6(from.ip, to, UDP, &udp)].concat()
+}
+
+/// An ICMPv6 error from `from` to `to` (type, code) quoting `quoted` (an IPv6 packet).
+fn icmp6_error(from: &Pod6, to: Ipv6Addr, kind: (u8, u8), quoted: &[u8]) -> Vec<u8> {
+    let message = [&[kind.0, kind.1, 0, 0, 0, 0, 0x05, 0x00][..], quoted].concat();
+    [ethernet(from.host_mac, from.pod_mac, 0x86dd), frames::ipv6_icmp(from.ip, to, &message)].concat()
+}
+
+/// The IPv6 side of [`icmp_errors_about_an_allowed_flow_pass_and_no_others`]: a packet too big
+/// and a port unreachable about the flow a opened reach a (isolated for ingress, nothing
+/// allowed in); the same errors about a flow a never opened do not, and create nothing.
+#[test]
+fn icmpv6_errors_about_an_allowed_flow_pass_and_no_others() {
+    let test = "icmpv6_errors_about_an_allowed_flow_pass_and_no_others";
+    let Some(mut tb) = Testbed::for_test(test, "polic6", "10.230.0.0/24") else { return };
+    let pods = add_pods6(&mut tb, ["10.230.0.0/24", "fd00:10:230::/64"], 3);
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    // a's datagram to b: a's flow, remembered by a's egress check (not isolated that way).
+    let datagram = udp6(a, b.ip, (4000, 53));
+    assert_eq!(prog_run::run(&tb, "from_pod", &a.host_ifname, datagram.clone()).0, TC_ACT_REDIRECT);
+    let quoted = &datagram[14..];
+    for kind in [(2, 0), (1, 4)] {
+        let error = icmp6_error(b, a.ip, kind, quoted);
+        assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, error).0, TC_ACT_REDIRECT, "{kind:?} about a's flow");
+    }
+    // About a flow a did not open (other ports; a → c): dropped, and nothing remembered.
+    let before = policy.all_flows().len();
+    let denied = tb.drops(DropReason::PolicyDenied).unwrap();
+    let other = udp6(a, b.ip, (4001, 53));
+    let to_c = udp6(a, c.ip, (4000, 53));
+    for (from, quoted) in [(b, &other[14..]), (c, &to_c[14..])] {
+        let error = icmp6_error(from, a.ip, (2, 0), quoted);
+        let verdict = prog_run::run(&tb, "from_pod", &from.host_ifname, error).0;
+        assert_eq!(verdict, TC_ACT_SHOT, "an unrelated packet too big passed");
+    }
+    assert_eq!(tb.drops(DropReason::PolicyDenied).unwrap(), denied + 2);
+    assert_eq!(policy.all_flows().len(), before, "an ICMPv6 error created state");
     drop(policy);
     for pod in 0..3 {
         tb.del(pod).unwrap();
