@@ -394,8 +394,8 @@ fn icmp6_error(from: &Pod6, to: Ipv6Addr, kind: (u8, u8), quoted: &[u8]) -> Vec<
 #[test]
 fn icmpv6_errors_about_an_allowed_flow_pass_and_no_others() {
     let test = "icmpv6_errors_about_an_allowed_flow_pass_and_no_others";
-    let Some(mut tb) = Testbed::for_test(test, "polic6", "10.230.0.0/24") else { return };
-    let pods = add_pods6(&mut tb, ["10.230.0.0/24", "fd00:10:230::/64"], 3);
+    let Some(mut tb) = Testbed::for_test(test, "polic6", "10.236.0.0/24") else { return };
+    let pods = add_pods6(&mut tb, ["10.236.0.0/24", "fd00:10:236::/64"], 3);
     let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
     let mut policy = Policy::open(&tb);
     for (pod, id) in [(a, A), (b, B), (c, C)] {

@@ -77,10 +77,8 @@ fn pods_sharing_a_slot_both_get_their_entries() {
     assert!(!w.allows("y/a", "x/a", super::TCP, 80), "x/a isolated");
     assert!(!w.allows("y/a", "x/b", super::TCP, 80), "x/b isolated too, by its own entry");
     let before = w.out.clone();
-    for pod in ["x/a"] {
-        w.input.locals.remove(&v4(pod));
-        w.input.locals.remove(&super::v6(pod));
-    }
+    w.input.locals.remove(&xa);
+    w.input.locals.remove(&super::v6("x/a"));
     w.compile();
     let changes = Changes::between(&before, &w.out);
     assert_eq!(changes.endpoints.write.len(), 1, "x/b into the freed slot");
