@@ -124,3 +124,29 @@ impl Policy {
 pub const A: u32 = 256;
 pub const B: u32 = 257;
 pub const C: u32 = 258;
+
+/// `ebpf-cni policy-set` on the node with `input` (`{"namespaces", "pods", "networkPolicies"}`,
+/// the API's JSON): what it says it wrote.
+pub fn policy_set(tb: &Testbed, input: &serde_json::Value) -> serde_json::Value {
+    let file = tb.data_dir().join("policy-input.json");
+    std::fs::create_dir_all(tb.data_dir()).unwrap();
+    std::fs::write(&file, input.to_string()).unwrap();
+    let out = std::process::Command::new(&tb.plugin.binary)
+        .args(["policy-set", "--network", &tb.network, "--bpffs-root"])
+        .arg(tb.bpffs_root())
+        .arg("--input")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "policy-set: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A running pod of namespace `x` at `ip`, as the API lists it.
+pub fn pod_object(name: &str, labels: serde_json::Value, ip: IpAddr) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"namespace": "x", "name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]},
+    })
+}

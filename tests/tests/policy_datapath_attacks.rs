@@ -4,14 +4,14 @@
 //! The maps are written straight from the test, as the agent would.
 use std::{
     fs,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddrV4},
     time::Instant,
 };
 
 use ebpf_cni_tests::{
     Attached, Testbed,
     frames::{self, ethernet},
-    policy_maps::{A, B, C, Policy, TCP, UDP},
+    policy_maps::{A, B, C, Policy, TCP, UDP, pod_object, policy_set},
     probe::{self, Servers},
     prog_run::{self, TC_ACT_REDIRECT, TC_ACT_SHOT},
     run_in,
@@ -22,6 +22,7 @@ use ebpf_common::{
     POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_FLOWS_PER_SECOND, PolicyEndpoint, PolicyFlow,
     host_veth_slot,
 };
+use serde_json::json;
 
 const D: u32 = 259;
 
@@ -107,6 +108,70 @@ fn pods_sharing_a_slot_are_each_enforced_by_their_own_entry() {
     assert_eq!(policy.subjects.get(&slot, 0).unwrap(), PolicyEndpoint::default(), "DEL left d's slot");
     drop(servers);
     for pod in [0, 2] {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// The same collision written by the agent's own writer (`ebpf-cni policy-set`): b keeps the
+/// slot, d goes into `POLICY_ENDPOINTS_BY_IFINDEX`, each enforced by its own policy. After b's
+/// DEL (which moves d into the slot), a second run agrees with what DEL did and leaves d enforced.
+#[test]
+fn policy_set_places_pods_sharing_a_slot() {
+    let test = "policy_set_places_pods_sharing_a_slot";
+    let Some(mut tb) = Testbed::for_test(test, "polss", "10.224.0.0/24") else { return };
+    let mut pods = tb.add_attachments(3).unwrap();
+    let b_ifindex = ifindex_of(&tb, &pods[1].host_ifname);
+    skip_ifindexes_to(&tb, b_ifindex + HOST_VETHS_SLOTS);
+    pods.extend(tb.add_attachments(1).unwrap());
+    let (a, b, c, d) = (&pods[0], &pods[1], &pods[2], &pods[3]);
+    let d_ifindex = ifindex_of(&tb, &d.host_ifname);
+    assert_eq!(host_veth_slot(d_ifindex), host_veth_slot(b_ifindex), "no collision: {b_ifindex}, {d_ifindex}");
+    let ns: Vec<String> = tb.pods.iter().map(|p| p.netns.name.clone()).collect();
+    let mut servers = Servers::default();
+    servers.tcp(&ns[1], SocketAddrV4::new(b.ip, 8080)).unwrap();
+    servers.tcp(&ns[3], SocketAddrV4::new(d.ip, 8080)).unwrap();
+
+    // b lets in a only, d lets in c only.
+    let allow = |name: &str, subject: &str, peer: &str| {
+        json!({
+            "metadata": {"namespace": "x", "name": name},
+            "spec": {"podSelector": {"matchLabels": {"app": subject}},
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": peer}}}],
+                                  "ports": [{"port": 8080}]}]},
+        })
+    };
+    let objects = |pods: &[(&str, &Attached)]| {
+        json!({
+            "namespaces": [{"metadata": {"name": "x"}}],
+            "pods": pods.iter().map(|(n, p)| pod_object(n, json!({"app": n}), p.ip.into())).collect::<Vec<_>>(),
+            "networkPolicies": [allow("b-from-a", "b", "a"), allow("d-from-c", "d", "c")],
+        })
+    };
+    let wrote = policy_set(&tb, &objects(&[("a", a), ("b", b), ("c", c), ("d", d)]));
+    assert_eq!(wrote["endpoints"], json!(4), "{wrote}");
+    assert_eq!(wrote["endpoints_by_ifindex"], json!(1), "{wrote}");
+    assert_eq!(wrote["problems"], json!([]), "{wrote}");
+    let policy = Policy::open(&tb);
+    let by_ifindex = Policy::by_ifindex(&tb);
+    let slot = host_veth_slot(b_ifindex);
+    assert_eq!(policy.subjects.get(&slot, 0).unwrap().ifindex, b_ifindex, "the lower ifindex keeps the slot");
+    assert_eq!(by_ifindex.get(&d_ifindex, 0).unwrap().flags, POLICY_INGRESS_ISOLATED);
+    let at = |pod: &Attached| SocketAddrV4::new(pod.ip, 8080);
+    assert!(reaches(&ns[0], at(b)), "a → b: b's rule");
+    assert!(!reaches(&ns[2], at(b)), "c → b: b lets only a in");
+    assert!(reaches(&ns[2], at(d)), "c → d: d's rule, though the slot is b's");
+    assert!(!reaches(&ns[0], at(d)), "a → d: d is enforced by its own entry");
+
+    // b goes: DEL moves d into the slot; the writer's next run finds nothing left to fix.
+    tb.del(1).unwrap();
+    let again = policy_set(&tb, &objects(&[("a", a), ("c", c), ("d", d)]));
+    assert_eq!(again["endpoints_by_ifindex"], json!(0), "{again}");
+    assert_eq!(policy.subjects.get(&slot, 0).unwrap().ifindex, d_ifindex, "d is in the slot b left");
+    assert!(by_ifindex.get(&d_ifindex, 0).is_err(), "d is still in POLICY_ENDPOINTS_BY_IFINDEX");
+    assert!(reaches(&ns[2], at(d)), "c → d after b's DEL");
+    assert!(!reaches(&ns[0], at(d)), "a → d after b's DEL");
+    drop((servers, policy, by_ifindex));
+    for pod in [0, 2, 3] {
         tb.del(pod).unwrap();
     }
 }
@@ -274,6 +339,89 @@ fn icmp_errors_about_an_allowed_flow_pass_and_no_others() {
         );
     }
     assert_eq!(policy.all_flows().len(), before, "an ICMP error created state");
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// A dual-stack pod of `tb` after ADD: its IPv6 address, host veth, and the veth pair's MACs.
+struct Pod6 {
+    ip: Ipv6Addr,
+    host_ifname: String,
+    host_mac: [u8; 6],
+    pod_mac: [u8; 6],
+}
+
+fn add_pods6(tb: &mut Testbed, subnets: [&str; 2], count: usize) -> Vec<Pod6> {
+    let ranges: Vec<serde_json::Value> = subnets.iter().map(|s| json!([{ "subnet": s }])).collect();
+    tb.extra.insert("ipam".into(), json!({ "type": "host-local", "ranges": ranges, "dataDir": tb.data_dir() }));
+    let mac = |v: &serde_json::Value| -> [u8; 6] {
+        let bytes: Vec<u8> = v.as_str().unwrap().split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+        bytes.try_into().unwrap()
+    };
+    (0..count)
+        .map(|_| {
+            let pod = tb.new_pod().unwrap();
+            let out = tb.cni("ADD", pod, &tb.conf("1.1.0")).unwrap();
+            assert!(out.success, "ADD failed: {} {}", out.stdout, out.stderr);
+            let r = out.json();
+            Pod6 {
+                ip: r["ips"][1]["address"].as_str().unwrap().split('/').next().unwrap().parse().unwrap(),
+                host_ifname: r["interfaces"][0]["name"].as_str().unwrap().to_string(),
+                host_mac: mac(&r["interfaces"][0]["mac"]),
+                pod_mac: mac(&r["interfaces"][1]["mac"]),
+            }
+        })
+        .collect()
+}
+
+/// A UDP datagram `from` → `to` between the ports given, as `from_pod` gets it from `from`.
+fn udp6(from: &Pod6, to: Ipv6Addr, ports: (u16, u16)) -> Vec<u8> {
+    let udp = [&ports.0.to_be_bytes()[..], &ports.1.to_be_bytes(), &12u16.to_be_bytes(), &[0, 0], b"flow"].concat();
+    [ethernet(from.host_mac, from.pod_mac, 0x86dd), frames::ipv6(from.ip, to, UDP, &udp)].concat()
+}
+
+/// An ICMPv6 error from `from` to `to` (type, code) quoting `quoted` (an IPv6 packet).
+fn icmp6_error(from: &Pod6, to: Ipv6Addr, kind: (u8, u8), quoted: &[u8]) -> Vec<u8> {
+    let message = [&[kind.0, kind.1, 0, 0, 0, 0, 0x05, 0x00][..], quoted].concat();
+    [ethernet(from.host_mac, from.pod_mac, 0x86dd), frames::ipv6_icmp(from.ip, to, &message)].concat()
+}
+
+/// The IPv6 side of [`icmp_errors_about_an_allowed_flow_pass_and_no_others`]: a packet too big
+/// and a port unreachable about the flow a opened reach a (isolated for ingress, nothing
+/// allowed in); the same errors about a flow a never opened do not, and create nothing.
+#[test]
+fn icmpv6_errors_about_an_allowed_flow_pass_and_no_others() {
+    let test = "icmpv6_errors_about_an_allowed_flow_pass_and_no_others";
+    let Some(mut tb) = Testbed::for_test(test, "polic6", "10.236.0.0/24") else { return };
+    let pods = add_pods6(&mut tb, ["10.236.0.0/24", "fd00:10:236::/64"], 3);
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    // a's datagram to b: a's flow, remembered by a's egress check (not isolated that way).
+    let datagram = udp6(a, b.ip, (4000, 53));
+    assert_eq!(prog_run::run(&tb, "from_pod", &a.host_ifname, datagram.clone()).0, TC_ACT_REDIRECT);
+    let quoted = &datagram[14..];
+    for kind in [(2, 0), (1, 4)] {
+        let error = icmp6_error(b, a.ip, kind, quoted);
+        assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, error).0, TC_ACT_REDIRECT, "{kind:?} about a's flow");
+    }
+    // About a flow a did not open (other ports; a → c): dropped, and nothing remembered.
+    let before = policy.all_flows().len();
+    let denied = tb.drops(DropReason::PolicyDenied).unwrap();
+    let other = udp6(a, b.ip, (4001, 53));
+    let to_c = udp6(a, c.ip, (4000, 53));
+    for (from, quoted) in [(b, &other[14..]), (c, &to_c[14..])] {
+        let error = icmp6_error(from, a.ip, (2, 0), quoted);
+        let verdict = prog_run::run(&tb, "from_pod", &from.host_ifname, error).0;
+        assert_eq!(verdict, TC_ACT_SHOT, "an unrelated packet too big passed");
+    }
+    assert_eq!(tb.drops(DropReason::PolicyDenied).unwrap(), denied + 2);
+    assert_eq!(policy.all_flows().len(), before, "an ICMPv6 error created state");
     drop(policy);
     for pod in 0..3 {
         tb.del(pod).unwrap();

@@ -116,7 +116,7 @@ impl Thread {
                     "network policy: first sync, {} policies, {} rules, {} local pods ({:?})",
                     self.last.policies,
                     self.last.rules.len(),
-                    self.last.endpoints.len(),
+                    self.last.endpoints.len() + self.last.endpoints_by_ifindex.len(),
                     taken.elapsed()
                 );
             }

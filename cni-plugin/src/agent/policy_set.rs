@@ -52,7 +52,8 @@ pub fn run(args: PolicySet) -> anyhow::Result<()> {
     let summary = json!({
         "policies": compiled.policies,
         "identities": compiled.identities.len(),
-        "endpoints": compiled.endpoints.len(),
+        "endpoints": compiled.endpoints.len() + compiled.endpoints_by_ifindex.len(),
+        "endpoints_by_ifindex": compiled.endpoints_by_ifindex.len(),
         "rules": compiled.rules.len(),
         "changes": changes,
         "failed": applied.failed,

@@ -20,8 +20,6 @@ type ByIfindex = HashMap<MapData, u32, PolicyEndpoint>;
 
 /// Where each local pod's entry goes: the slot of its host veth, or by its ifindex when a pod
 /// of lower ifindex has the slot (the earlier veth, as a rule: it stays where it is).
-// The agent's writer uses these (`policy-set`, the agent's policy thread).
-#[allow(dead_code)]
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Placement {
     pub slots: BTreeMap<u32, PolicyEndpoint>,
@@ -31,7 +29,6 @@ pub struct Placement {
 /// Places `entries` (one per local pod, `ifindex` nonzero). The writer writes
 /// `by_ifindex` entries before the slots (a pod moved out of a slot is found at once) and removes
 /// gone `by_ifindex` entries after.
-#[allow(dead_code)]
 pub fn place(entries: impl IntoIterator<Item = PolicyEndpoint>) -> Placement {
     let mut sorted: Vec<PolicyEndpoint> = entries.into_iter().filter(|e| e.ifindex != 0).collect();
     sorted.sort_by_key(|e| e.ifindex);

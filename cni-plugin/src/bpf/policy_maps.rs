@@ -1,12 +1,12 @@
-//! The NetworkPolicy maps of a network (`POLICY_IDENTITIES`, `POLICY_ENDPOINTS`,
-//! `POLICY_RULES`), written from the compiler's changes, and what the agent reads back: the
+//! The NetworkPolicy maps of a network (`POLICY_IDENTITIES`, `POLICY_ENDPOINTS` and
+//! `POLICY_ENDPOINTS_BY_IFINDEX`, `POLICY_RULES`), written from the compiler's changes, and what the agent reads back: the
 //! node's pods in `ENDPOINTS`, the per-policy counts in `POLICY_COUNTS`. Only for programs
 //! loaded with `FEATURE_POLICY`: older pins lack the maps, and their programs would not look.
 use std::{collections::BTreeMap, net::IpAddr};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{
-    Array, MapData, PerCpuArray,
+    Array, HashMap, MapData, PerCpuArray,
     lpm_trie::{Key, LpmTrie},
 };
 use ebpf_common::{
@@ -20,6 +20,7 @@ use crate::policy::{Changes, Compiled, Local, Prefix, RuleKey};
 pub struct PolicyMaps {
     identities: LpmTrie<MapData, IpKey, PolicyIdentity>,
     endpoints: Array<MapData, PolicyEndpoint>,
+    endpoints_by_ifindex: HashMap<MapData, u32, PolicyEndpoint>,
     rules: LpmTrie<MapData, PolicyRuleKey, PolicyRule>,
 }
 
@@ -45,6 +46,7 @@ impl PolicyMaps {
         Ok(Some(Self {
             identities: LpmTrie::try_from(read::open_map(pins, names::POLICY_IDENTITIES)?)?,
             endpoints: Array::try_from(read::open_map(pins, names::POLICY_ENDPOINTS)?)?,
+            endpoints_by_ifindex: HashMap::try_from(read::open_map(pins, names::POLICY_ENDPOINTS_BY_IFINDEX)?)?,
             rules: LpmTrie::try_from(read::open_map(pins, names::POLICY_RULES)?)?,
         }))
     }
@@ -66,6 +68,10 @@ impl PolicyMaps {
                 held.endpoints.insert(slot as u32, entry);
             }
         }
+        for entry in self.endpoints_by_ifindex.iter() {
+            let (ifindex, entry) = entry.context("reading POLICY_ENDPOINTS_BY_IFINDEX")?;
+            held.endpoints_by_ifindex.insert(ifindex, entry);
+        }
         for entry in self.rules.iter() {
             let (key, value) = entry.context("reading POLICY_RULES")?;
             let k = key.data();
@@ -83,7 +89,10 @@ impl PolicyMaps {
     }
 
     /// Writes `changes` in the order that keeps new flows' verdicts right meanwhile: new rules
-    /// before the identities and isolation that need them; old rules and identities last.
+    /// before the identities and isolation that need them; old rules and identities last. A pod
+    /// leaving a shared slot is written by ifindex before its neighbour takes the slot (the
+    /// datapath looks there once the slot holds another ifindex), and gone by-ifindex entries
+    /// are removed after the slots (a pod moving into its slot is never without an entry).
     pub fn apply(&mut self, changes: &Changes) -> Applied {
         let mut applied = Applied::default();
         let mut note = |result: Result<(), aya::maps::MapError>, what: &dyn Fn() -> String| match result {
@@ -104,11 +113,19 @@ impl PolicyMaps {
             let value = PolicyIdentity { identity: *identity, pad: 0 };
             note(self.identities.insert(&Key::new(len, key), value, 0), &|| format!("identity of {prefix}"));
         }
+        for (ifindex, entry) in &changes.endpoints_by_ifindex.write {
+            note(self.endpoints_by_ifindex.insert(ifindex, entry, 0), &|| format!("endpoint of ifindex {ifindex}"));
+        }
         for (slot, entry) in &changes.endpoints.write {
             note(self.endpoints.set(*slot, entry, 0), &|| format!("endpoint slot {slot}"));
         }
         for slot in &changes.endpoints.remove {
             note(self.endpoints.set(*slot, PolicyEndpoint::default(), 0), &|| format!("endpoint slot {slot}"));
+        }
+        for ifindex in &changes.endpoints_by_ifindex.remove {
+            note(ignore_missing(self.endpoints_by_ifindex.remove(ifindex)), &|| {
+                format!("endpoint of ifindex {ifindex}")
+            });
         }
         for rule in &changes.rules.remove {
             let (key, len) = rule.key();

@@ -5,8 +5,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use ebpf_common::{
     IDENTITY_ANY, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED,
     POLICY_IDENTITIES_MAX_ENTRIES, POLICY_INGRESS_ISOLATED, POLICY_RULE_ANY_PORT_BITS, POLICY_RULE_ANY_PROTOCOL_BITS,
-    POLICY_RULE_FULL_BITS, POLICY_RULES_MAX_ENTRIES, PolicyEndpoint, PolicyRuleKey, host_veth_slot,
+    POLICY_RULE_FULL_BITS, POLICY_RULES_MAX_ENTRIES, PolicyEndpoint, PolicyRuleKey,
 };
+
+use crate::bpf::policy_endpoints::{Placement, place};
 
 use super::{
     identities::{self, Interner, Known},
@@ -53,6 +55,9 @@ pub struct Compiled {
     pub identities: BTreeMap<Prefix, u32>,
     /// `POLICY_ENDPOINTS`: slot → the local pod there.
     pub endpoints: BTreeMap<u32, PolicyEndpoint>,
+    /// `POLICY_ENDPOINTS_BY_IFINDEX`: host ifindex → a local pod whose slot a pod of lower
+    /// ifindex holds.
+    pub endpoints_by_ifindex: BTreeMap<u32, PolicyEndpoint>,
     /// `POLICY_RULES`: key → the allowing policy's slot.
     pub rules: BTreeMap<RuleKey, u32>,
     pub names: Names,
@@ -167,7 +172,7 @@ impl Compiler {
                 }
             }
         }
-        let endpoints = endpoints(&subjects, &mut problems);
+        let Placement { slots: endpoints, by_ifindex: endpoints_by_ifindex } = endpoints(&subjects);
         if rules.len() > POLICY_RULES_MAX_ENTRIES as usize {
             problems.push(format!("{} rule entries, more than POLICY_RULES holds ({POLICY_RULES_MAX_ENTRIES}): some allowed flows will be denied", rules.len()));
         }
@@ -175,7 +180,16 @@ impl Compiler {
             problems.push(format!("{} identity entries, more than POLICY_IDENTITIES holds", table.entries.len()));
         }
         let names = Names::new(input, &table, &self.slots);
-        Compiled { identities: table.entries, endpoints, rules, names, problems, unmatched, policies: policies.len() }
+        Compiled {
+            identities: table.entries,
+            endpoints,
+            endpoints_by_ifindex,
+            rules,
+            names,
+            problems,
+            unmatched,
+            policies: policies.len(),
+        }
     }
 
     /// The node's pods the API knows, each with its identity (its first address's).
@@ -195,39 +209,18 @@ impl Compiler {
     }
 }
 
-/// `POLICY_ENDPOINTS` by slot. Two live veths in one slot: the later (higher ifindex) has it,
-/// and the other pod, not isolated, is said.
-fn endpoints(subjects: &[Subject<'_>], problems: &mut Vec<String>) -> BTreeMap<u32, PolicyEndpoint> {
-    let mut out: BTreeMap<u32, PolicyEndpoint> = BTreeMap::new();
-    for s in subjects {
-        let entry = PolicyEndpoint {
-            ifindex: s.local.ifindex,
-            flags: s.flags,
-            owner: s.local.owner,
-            identity: s.identity,
-            ingress_slot: s.slots[0],
-            egress_slot: s.slots[1],
-            pad: 0,
-        };
-        let slot = host_veth_slot(s.local.ifindex);
-        match out.get(&slot) {
-            Some(held) if held.ifindex == entry.ifindex => {}
-            Some(held) => {
-                let lost = held.ifindex.min(entry.ifindex);
-                problems.push(format!(
-                    "host veths {} and {} share POLICY_ENDPOINTS slot {slot}: ifindex {lost} is not enforced",
-                    held.ifindex, entry.ifindex
-                ));
-                if entry.ifindex > held.ifindex {
-                    out.insert(slot, entry);
-                }
-            }
-            None => {
-                out.insert(slot, entry);
-            }
-        }
-    }
-    out
+/// `POLICY_ENDPOINTS` by slot, and by ifindex the pods whose slot another live veth holds
+/// (ifindexes equal modulo the slots): each pod enforced by its own entry ([`place`]).
+fn endpoints(subjects: &[Subject<'_>]) -> Placement {
+    place(subjects.iter().map(|s| PolicyEndpoint {
+        ifindex: s.local.ifindex,
+        flags: s.flags,
+        owner: s.local.owner,
+        identity: s.identity,
+        ingress_slot: s.slots[0],
+        egress_slot: s.slots[1],
+        pad: 0,
+    }))
 }
 
 /// Each block's identities (indexes into `known`).

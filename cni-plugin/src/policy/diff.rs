@@ -9,6 +9,7 @@ use super::{compile::Compiled, compile::RuleKey, prefix::Prefix};
 pub struct Changes {
     pub identities: MapChanges<Prefix, u32>,
     pub endpoints: MapChanges<u32, PolicyEndpoint>,
+    pub endpoints_by_ifindex: MapChanges<u32, PolicyEndpoint>,
     pub rules: MapChanges<RuleKey, u32>,
 }
 
@@ -36,12 +37,13 @@ impl Changes {
         Self {
             identities: map_diff(&old.identities, &new.identities),
             endpoints: map_diff(&old.endpoints, &new.endpoints),
+            endpoints_by_ifindex: map_diff(&old.endpoints_by_ifindex, &new.endpoints_by_ifindex),
             rules: map_diff(&old.rules, &new.rules),
         }
     }
 
     pub fn len(&self) -> usize {
-        self.identities.len() + self.endpoints.len() + self.rules.len()
+        self.identities.len() + self.endpoints.len() + self.endpoints_by_ifindex.len() + self.rules.len()
     }
 
     #[cfg(test)]

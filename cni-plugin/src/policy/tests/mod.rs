@@ -123,7 +123,12 @@ impl World {
 
     fn endpoint(&self, addr: IpAddr) -> Option<ebpf_common::PolicyEndpoint> {
         let local = self.input.locals.get(&addr)?;
-        let entry = self.out.endpoints.get(&host_veth_slot(local.ifindex))?;
+        // As the datapath finds it: its slot, or by ifindex when the slot holds another veth.
+        let slot = self.out.endpoints.get(&host_veth_slot(local.ifindex));
+        let entry = match slot {
+            Some(held) if held.ifindex != local.ifindex => self.out.endpoints_by_ifindex.get(&local.ifindex)?,
+            held => held?,
+        };
         (entry.ifindex == local.ifindex && entry.owner == local.owner).then_some(*entry)
     }
 

@@ -56,3 +56,33 @@ fn diff_writes_changed_and_removes_gone() {
     assert!(changes.rules.write.is_empty());
     assert_eq!(changes.endpoints.write.len(), 1);
 }
+
+/// Two local pods whose host veths share a `POLICY_ENDPOINTS` slot: the lower ifindex keeps
+/// the slot, the other goes by ifindex, each enforced; when the slot's pod goes, the other
+/// moves into the slot and its by-ifindex entry is removed.
+#[test]
+fn pods_sharing_a_slot_both_get_their_entries() {
+    use ebpf_common::{HOST_VETHS_SLOTS, host_veth_slot};
+    let mut w = World::xyz();
+    let (xa, xb) = (v4("x/a"), v4("x/b"));
+    let low = w.input.locals[&xa];
+    let high = crate::policy::Local { ifindex: low.ifindex + HOST_VETHS_SLOTS, owner: 77 };
+    for addr in [xb, super::v6("x/b")] {
+        w.input.locals.insert(addr, high);
+    }
+    w.add("x", "deny", json!({"podSelector": {}, "policyTypes": ["Ingress"]}));
+    assert!(w.out.problems.is_empty(), "{:?}", w.out.problems);
+    assert_eq!(w.out.endpoints[&host_veth_slot(low.ifindex)].ifindex, low.ifindex);
+    assert_eq!(w.out.endpoints_by_ifindex.keys().copied().collect::<Vec<_>>(), [high.ifindex]);
+    assert!(!w.allows("y/a", "x/a", super::TCP, 80), "x/a isolated");
+    assert!(!w.allows("y/a", "x/b", super::TCP, 80), "x/b isolated too, by its own entry");
+    let before = w.out.clone();
+    w.input.locals.remove(&xa);
+    w.input.locals.remove(&super::v6("x/a"));
+    w.compile();
+    let changes = Changes::between(&before, &w.out);
+    assert_eq!(changes.endpoints.write.len(), 1, "x/b into the freed slot");
+    assert_eq!(changes.endpoints.write[0].1.ifindex, high.ifindex);
+    assert_eq!(changes.endpoints_by_ifindex.remove, [high.ifindex]);
+    assert!(!w.allows("y/a", "x/b", super::TCP, 80));
+}
