@@ -26,7 +26,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use ebpf_cni_tests::{
-    FakeStore, Plugin, Testbed,
+    FakeStore, Plugin,
     agent::RunningAgent,
     fake_store::{NAMESPACES, NETWORK_POLICIES, NODES, PODS},
     traffic::{in_netns, tcp_listener},
@@ -140,7 +140,8 @@ pub fn measure(ours: &Plugin, policies: usize, changes: usize) -> Result<Round> 
     store.put(NAMESPACES, cluster.namespaces());
     store.put(PODS, cluster.pods(true));
     store.put(NETWORK_POLICIES, cluster.policies(policies, true));
-    let node_file = node_file(tb)?;
+    // No Service LB: only the policy maps matter here.
+    let node_file = topology::node_file_with(tb, json!({}))?;
     let started = Instant::now();
     // The names file in the node's directory, never the machine's /run/ebpf-cni.
     let names = tb.data_dir().with_file_name("policy-names.json");
@@ -247,18 +248,4 @@ impl Drop for Servers {
             let _ = thread.join();
         }
     }
-}
-
-/// A node file naming the testbed's network as the primary one (its policy maps are the ones
-/// the agent writes); no Service LB. Its path.
-fn node_file(tb: &Testbed) -> Result<String> {
-    let path = tb.data_dir().with_file_name("node.json");
-    let node = json!({
-        "primaryNetwork": tb.network,
-        "podCIDRs": [tb.subnet],
-        "bpffsRoot": tb.bpffs_root(),
-        "ipamDataDir": tb.data_dir(),
-    });
-    std::fs::write(&path, node.to_string())?;
-    Ok(path.to_string_lossy().into_owned())
 }

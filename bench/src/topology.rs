@@ -327,17 +327,25 @@ fn pods(path: Path, ours: &Plugin, family: Family, socket_lb: Option<&TestCgroup
 }
 
 /// The node file of a node whose primary network (the testbed's) serves Services itself, its
-/// socket LB attached to `cgroup`; its path. No `ipMasq`: the bench's nodes have no uplink.
+/// socket LB attached to `cgroup`; its path.
 pub fn node_file(tb: &Testbed, cgroup: &TestCgroup) -> Result<String> {
+    node_file_with(tb, json!({ "kubeProxyReplacement": true, "cgroupRoot": cgroup.path() }))
+}
+
+/// The node file of a node whose primary network is the testbed's (its maps are the ones the
+/// agent writes), with the fields of `extra` added; its path. No `ipMasq`: the bench's nodes
+/// have no uplink.
+pub fn node_file_with(tb: &Testbed, extra: serde_json::Value) -> Result<String> {
     let path = tb.data_dir().with_file_name("node.json");
-    let node = json!({
+    let mut node = json!({
         "primaryNetwork": tb.network,
         "podCIDRs": [tb.subnet],
         "bpffsRoot": tb.bpffs_root(),
         "ipamDataDir": tb.data_dir(),
-        "kubeProxyReplacement": true,
-        "cgroupRoot": cgroup.path(),
     });
+    if let (Some(node), Some(extra)) = (node.as_object_mut(), extra.as_object()) {
+        node.extend(extra.clone());
+    }
     std::fs::write(&path, node.to_string())?;
     Ok(path.to_string_lossy().into_owned())
 }

@@ -144,8 +144,19 @@ pub fn policy_set(tb: &Testbed, input: &serde_json::Value) -> serde_json::Value 
 
 /// A running pod of namespace `x` at `ip`, as the API lists it.
 pub fn pod_object(name: &str, labels: serde_json::Value, ip: IpAddr) -> serde_json::Value {
+    pod_object_in("x", name, labels, ip)
+}
+
+/// A running pod of `namespace` at `ip`, as the API lists it.
+pub fn pod_object_in(
+    namespace: &str,
+    name: &str,
+    labels: serde_json::Value,
+    ip: impl Into<IpAddr>,
+) -> serde_json::Value {
+    let ip = ip.into();
     serde_json::json!({
-        "metadata": {"namespace": "x", "name": name, "labels": labels},
+        "metadata": {"namespace": namespace, "name": name, "labels": labels},
         "spec": {"containers": [{"name": "c"}]},
         "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]},
     })

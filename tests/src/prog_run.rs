@@ -91,20 +91,7 @@ fn run_repeated(
     let arrived_on = arrived_on.map(|name| CString::new(name).unwrap());
     let name = name.to_string();
     in_netns(&tb.node.name, move || {
-        // The devices are looked up in the caller's namespace: the node's.
-        // SAFETY: NUL-terminated names.
-        let index = |name: &CString| unsafe { libc::if_nametoindex(name.as_ptr()) };
-        let ifindex = index(&ifname);
-        anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
-        // `struct __sk_buff` up to and including `ifindex` (offset 40), `ingress_ifindex` at 36;
-        // the rest stays zero.
-        let mut ctx = [0u8; 44];
-        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-        if let Some(arrived_on) = &arrived_on {
-            let ingress = index(arrived_on);
-            anyhow::ensure!(ingress > 0, "no interface {arrived_on:?}");
-            ctx[36..40].copy_from_slice(&ingress.to_ne_bytes());
-        }
+        let ctx = skb_context(&ifname, arrived_on.as_ref())?;
         let program = SchedClassifier::from_pin(&pin)?;
         let (mut first, mut times) = (None, Vec::with_capacity(runs));
         for _ in 0..runs.max(1) {
@@ -132,6 +119,24 @@ fn run_repeated(
         let (verdict, out) = first.expect("at least one run");
         Ok((verdict, out, times))
     })
+}
+
+/// The `struct __sk_buff` a test run starts from: up to and including `ifindex` (offset 40),
+/// `ingress_ifindex` at 36 when the frame `arrived_on` another device; the rest stays zero.
+/// The devices are looked up in the caller's namespace (the node's).
+fn skb_context(ifname: &CString, arrived_on: Option<&CString>) -> anyhow::Result<[u8; 44]> {
+    // SAFETY: NUL-terminated names.
+    let index = |name: &CString| unsafe { libc::if_nametoindex(name.as_ptr()) };
+    let ifindex = index(ifname);
+    anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
+    let mut ctx = [0u8; 44];
+    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+    if let Some(arrived_on) = arrived_on {
+        let ingress = index(arrived_on);
+        anyhow::ensure!(ingress > 0, "no interface {arrived_on:?}");
+        ctx[36..40].copy_from_slice(&ingress.to_ne_bytes());
+    }
+    Ok(ctx)
 }
 
 /// Asserts the verdict of `frame` and, for a drop, that its reason was counted once.
@@ -169,11 +174,7 @@ pub fn run_checksum_complete(tb: &Testbed, name: &str, ifname: &str, frame: Vec<
     let pin = tb.loaded_version_dir().join("progs").join(name);
     let ifname = CString::new(ifname).unwrap();
     in_netns(&tb.node.name, move || {
-        // SAFETY: a NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
-        anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
-        let mut ctx = [0u8; 44];
-        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let ctx = skb_context(&ifname, None)?;
         let program = SchedClassifier::from_pin(&pin)?;
         let fd = program.fd()?.as_fd().as_raw_fd();
         let mut out = vec![0u8; frame.len() + 64];
@@ -206,11 +207,7 @@ pub fn run_each(tb: &Testbed, name: &str, ifname: &str, frames: Vec<Vec<u8>>) ->
     let pin = tb.loaded_version_dir().join("progs").join(name);
     let ifname = CString::new(ifname).unwrap();
     in_netns(&tb.node.name, move || {
-        // SAFETY: a NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
-        anyhow::ensure!(ifindex > 0, "no interface {ifname:?}");
-        let mut ctx = [0u8; 44];
-        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let ctx = skb_context(&ifname, None)?;
         let program = SchedClassifier::from_pin(&pin)?;
         let mut verdicts = Vec::with_capacity(frames.len());
         for frame in &frames {

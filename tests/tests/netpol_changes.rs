@@ -12,7 +12,7 @@ use std::{
 use ebpf_cni_tests::{
     lan::Ipv6Plan,
     netpol::{
-        Family::V4, NetpolCluster, Options, Peer, PodRef, Reachability, TCP_80, ip_block, ns_peer, pod_peer, policy,
+        Family::V4, NetpolCluster, Options, Peer, PodRef, Reachability, TCP_80, XA, ip_block, ns_peer, pod_peer, policy,
     },
     service_probe::ask,
     traffic::{in_netns, tcp_connect},
@@ -29,7 +29,6 @@ const OPTIONS: Options = Options {
 
 const A: PodRef = PodRef::new("x", "a");
 const B: PodRef = PodRef::new("x", "b");
-const XA: Peer = Peer::pod("x", "a");
 /// The 1 s the issue gives a change to reach new connections.
 const WITHIN: Duration = Duration::from_secs(1);
 

@@ -4,11 +4,11 @@
 use ebpf_cni_tests::{
     lan::Ipv6Plan,
     netpol::{
-        Family::V4, NetpolCluster, Options, Peer, PodRef, Reachability, TCP_80, TCP_81, UDP_80, UDP_81, ip_block,
-        ns_peer, pod_peer, policy, port,
+        Family::V4, NetpolCluster, Options, Peer, PodRef, Reachability, TCP_80, TCP_81, UDP_80, UDP_81, XA, ip_block,
+        ns_peer, pod_peer, policy, port, xa_egress,
     },
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 const OPTIONS: Options = Options {
     tag: "npeg",
@@ -17,17 +17,6 @@ const OPTIONS: Options = Options {
     ipv6: Ipv6Plan { cluster_cidr: "fd00:10:151::/56", subnets: ["fd00:10:151:1::/64", "fd00:10:151:2::/64"] },
     kube_proxy_replacement: false,
 };
-
-const XA: Peer = Peer::pod("x", "a");
-
-/// A policy in x selecting x/a with these egress rules.
-fn xa_egress(name: &str, rules: Value) -> Value {
-    policy(
-        "x",
-        name,
-        json!({ "podSelector": { "matchLabels": { "pod": "a" } }, "policyTypes": ["Egress"], "egress": rules }),
-    )
-}
 
 #[test]
 fn netpol_egress() {

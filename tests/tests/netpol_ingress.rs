@@ -4,8 +4,8 @@
 use ebpf_cni_tests::{
     lan::Ipv6Plan,
     netpol::{
-        Family::V4, NetpolCluster, Options, Peer, PodRef, Reachability, TCP_80, TCP_81, UDP_80, UDP_81, ip_block,
-        ns_peer, pod_peer, policy, port, port_range,
+        Family::V4, NetpolCluster, Options, Peer, PodRef, Reachability, TCP_80, TCP_81, UDP_80, UDP_81, XA, ip_block,
+        ns_peer, pod_peer, policy, port, port_range, xa_ingress,
     },
 };
 use serde_json::json;
@@ -17,17 +17,6 @@ const OPTIONS: Options = Options {
     ipv6: Ipv6Plan { cluster_cidr: "fd00:10:150::/56", subnets: ["fd00:10:150:1::/64", "fd00:10:150:2::/64"] },
     kube_proxy_replacement: false,
 };
-
-const XA: Peer = Peer::pod("x", "a");
-
-/// A policy in x selecting x/a with these ingress rules.
-fn xa_ingress(name: &str, rules: serde_json::Value) -> serde_json::Value {
-    policy(
-        "x",
-        name,
-        json!({ "podSelector": { "matchLabels": { "pod": "a" } }, "policyTypes": ["Ingress"], "ingress": rules }),
-    )
-}
 
 #[test]
 fn netpol_ingress() {

@@ -5,10 +5,11 @@ use ebpf_cni_tests::{
     lan::Ipv6Plan,
     netpol::{
         Family::{V4, V6},
-        NetpolCluster, Options, Peer, PodRef, Reachability, TCP_81, UDP_80, ip_block, ns_peer, pod_peer, policy, port,
+        NetpolCluster, Options, Peer, PodRef, Reachability, TCP_81, UDP_80, XA, ip_block, ns_peer, pod_peer, policy,
+        port, xa_egress, xa_ingress,
     },
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 const OPTIONS: Options = Options {
     tag: "np6",
@@ -17,13 +18,6 @@ const OPTIONS: Options = Options {
     ipv6: Ipv6Plan { cluster_cidr: "fd00:10:154::/56", subnets: ["fd00:10:154:1::/64", "fd00:10:154:2::/64"] },
     kube_proxy_replacement: false,
 };
-
-const XA: Peer = Peer::pod("x", "a");
-
-fn xa(name: &str, kind: &str, rules: Value) -> Value {
-    let key = if kind == "Ingress" { "ingress" } else { "egress" };
-    policy("x", name, json!({ "podSelector": { "matchLabels": { "pod": "a" } }, "policyTypes": [kind], key: rules }))
-}
 
 #[test]
 fn netpol_ipv6() {
@@ -39,22 +33,20 @@ fn netpol_ipv6() {
         c.check(V4, &all().deny_to(Peer::ns("x")));
     });
     c.case("podSelector OR namespaceSelector into x/a", |c| {
-        c.apply(vec![xa("or", "Ingress", json!([{ "from": [ns_peer("z"), pod_peer("c")] }]))]);
+        c.apply(vec![xa_ingress("or", json!([{ "from": [ns_peer("z"), pod_peer("c")] }]))]);
         c.check(V6, &all().deny_to(XA).allow_from_ns("z", XA).allow(Peer::pod("x", "c"), XA));
     });
     c.case("ports and named ports into x/a", |c| {
-        c.apply(vec![xa(
+        c.apply(vec![xa_ingress(
             "ports",
-            "Ingress",
             json!([{ "from": [ns_peer("y")], "ports": [port(TCP_81), { "protocol": "UDP", "port": "serve-80-udp" }] }]),
         )]);
         c.check(V6, &all().deny_to(XA).expect_on(Peer::ns("y"), XA, &[TCP_81, UDP_80], true));
     });
     c.case("ipBlock: the IPv6 cluster range except y/b's /128", |c| {
         let yb = c.pods[&PodRef::new("y", "b")].ip(V6);
-        c.apply(vec![xa(
+        c.apply(vec![xa_ingress(
             "cidr6",
-            "Ingress",
             json!([{ "from": [ip_block(OPTIONS.ipv6.cluster_cidr, &[format!("{yb}/128")])] }]),
         )]);
         c.check(V6, &all().expect(Peer::pod("y", "b"), XA, false));
@@ -62,7 +54,7 @@ fn netpol_ipv6() {
         c.check(V4, &all().deny_to(XA));
     });
     c.case("ipBlock: node 2's IPv6 pod subnet", |c| {
-        c.apply(vec![xa("subnet6", "Ingress", json!([{ "from": [ip_block(OPTIONS.ipv6.subnets[1], &[])] }]))]);
+        c.apply(vec![xa_ingress("subnet6", json!([{ "from": [ip_block(OPTIONS.ipv6.subnets[1], &[])] }]))]);
         let mut want = all().deny_to(XA);
         for (ns, pod) in [("x", "b"), ("y", "a"), ("y", "c"), ("z", "b")] {
             want = want.allow(Peer::pod(ns, pod), XA);
@@ -74,9 +66,8 @@ fn netpol_ipv6() {
         c.check(V6, &all().deny_from(Peer::ns("x")));
     });
     c.case("egress from x/a to namespace y on UDP 80, and to ::/0 except node 1's subnet on TCP 81", |c| {
-        c.apply(vec![xa(
+        c.apply(vec![xa_egress(
             "out",
-            "Egress",
             json!([{ "to": [ns_peer("y")], "ports": [port(UDP_80)] },
                    { "to": [ip_block("::/0", &[OPTIONS.ipv6.subnets[0].to_string()])], "ports": [port(TCP_81)] }]),
         )]);

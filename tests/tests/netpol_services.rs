@@ -63,6 +63,14 @@ fn through_service(c: &NetpolCluster, client: PodRef, vip: &str) -> Answers {
     (tcp["reply"].as_str().map(String::from), udp_reply)
 }
 
+/// x/a lets in namespace y only; checked on the pods' own addresses first.
+fn admit_only_y_into_x_a(c: &mut NetpolCluster) {
+    let spec = json!({ "podSelector": { "matchLabels": { "pod": "a" } }, "ingress": [{ "from": [ns_peer("y")] }] });
+    c.apply(vec![policy("x", "a-from-y", spec)]);
+    let direct = Reachability::all(true).deny_to(Peer::pod("x", "a")).allow_from_ns("y", Peer::pod("x", "a"));
+    c.check(V4, &direct);
+}
+
 #[test]
 fn netpol_services() {
     let Some(mut c) = NetpolCluster::for_test("netpol_services", OPTIONS) else { return };
@@ -77,14 +85,7 @@ fn netpol_services() {
     }
 
     c.case("a Service in front of a denied backend: the backend's verdict", |c| {
-        c.apply(vec![policy(
-            "x",
-            "a-from-y",
-            json!({ "podSelector": { "matchLabels": { "pod": "a" } },
-                                                      "ingress": [{ "from": [ns_peer("y")] }] }),
-        )]);
-        let direct = Reachability::all(true).deny_to(Peer::pod("x", "a")).allow_from_ns("y", Peer::pod("x", "a"));
-        c.check(V4, &direct);
+        admit_only_y_into_x_a(c);
         // Every client through both Services at once (a denied TCP connect waits 3 s).
         let clients = PodRef::all();
         let results: Vec<(PodRef, &str, Answers)> = std::thread::scope(|s| {
@@ -127,14 +128,7 @@ fn netpol_services() {
         for node in &c.lan.nodes {
             kube_proxy::install(&node.node.name, Flavour::Iptables, OPTIONS.cluster_cidr, &services).unwrap();
         }
-        c.apply(vec![policy(
-            "x",
-            "a-from-y",
-            json!({ "podSelector": { "matchLabels": { "pod": "a" } },
-                                                      "ingress": [{ "from": [ns_peer("y")] }] }),
-        )]);
-        let direct = Reachability::all(true).deny_to(Peer::pod("x", "a")).allow_from_ns("y", Peer::pod("x", "a"));
-        c.check(V4, &direct);
+        admit_only_y_into_x_a(c);
         let clients: Vec<PodRef> = PodRef::all().into_iter().filter(|p| *p != PodRef::new("x", "a")).collect();
         let rows: Vec<Row> = std::thread::scope(|s| {
             let c = &*c;

@@ -4,7 +4,6 @@
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4},
     path::Path,
-    process::Command,
 };
 
 use aya::maps::{
@@ -15,6 +14,7 @@ use ebpf_cni_tests::{
     NODE_IP, Testbed,
     frames::{self, ethernet},
     lan::{Ipv6Plan, LAN_HOST, LAN_HOST_V6, LAN_NODE_IPV6S, Lan, link_mac},
+    policy_maps::{pod_object_in, policy_set},
     probe::{self, Servers},
     run_in,
     traffic::PacketSocket,
@@ -314,28 +314,6 @@ fn a_lan_host_forging_a_remote_pods_address_is_not_that_pod() {
     lan.del_pod(1, 0).unwrap();
 }
 
-fn pod_object(namespace: &str, name: &str, labels: Value, ip: Ipv4Addr) -> Value {
-    json!({
-        "metadata": {"namespace": namespace, "name": name, "labels": labels},
-        "spec": {"containers": [{"name": "c"}]},
-        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]},
-    })
-}
-
-fn policy_set(tb: &Testbed, input: &Value) {
-    let file = tb.data_dir().join("policy-input.json");
-    std::fs::create_dir_all(tb.data_dir()).unwrap();
-    std::fs::write(&file, input.to_string()).unwrap();
-    let out = Command::new(&tb.plugin.binary)
-        .args(["policy-set", "--network", &tb.network, "--bpffs-root"])
-        .arg(tb.bpffs_root())
-        .arg("--input")
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "policy-set: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// A second Pod object whose `status.podIPs` claims a policy-isolated pod's address (a pod whose
 /// address was reused while its object lingers, or a status written by a compromised kubelet):
 /// the compiler gave the address's identity to one pod and the address itself to the other,
@@ -355,8 +333,8 @@ fn a_second_pod_claiming_an_isolated_pods_address_does_not_lift_its_isolation() 
     }]);
     let input = |extra: Vec<Value>| {
         let mut pods = vec![
-            pod_object("x", "a", json!({"app": "client"}), a.ip),
-            pod_object("x", "b", json!({"app": "server"}), b.ip),
+            pod_object_in("x", "a", json!({"app": "client"}), a.ip),
+            pod_object_in("x", "b", json!({"app": "server"}), b.ip),
         ];
         pods.extend(extra);
         json!({
@@ -367,7 +345,7 @@ fn a_second_pod_claiming_an_isolated_pods_address_does_not_lift_its_isolation() 
     };
     policy_set(&tb, &input(vec![]));
     assert!(!reaches_tcp(&ns[0], SocketAddrV4::new(b.ip, 8080)), "a → b: b lets nothing in");
-    policy_set(&tb, &input(vec![pod_object("zzz", "rogue", json!({}), b.ip)]));
+    policy_set(&tb, &input(vec![pod_object_in("zzz", "rogue", json!({}), b.ip)]));
     assert!(!reaches_tcp(&ns[0], SocketAddrV4::new(b.ip, 8080)), "a → b once a rogue pod claims b's address");
     drop(servers);
     for pod in 0..2 {

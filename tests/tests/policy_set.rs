@@ -2,13 +2,11 @@
 //! and written through its sink into a loaded datapath, then enforced: a pod selected for
 //! ingress gets what the rules allow and nothing else; a second run with the policy gone
 //! removes its entries and the pod is open again.
-use std::{
-    net::{SocketAddr, SocketAddrV4},
-    process::Command,
-};
+use std::net::{SocketAddr, SocketAddrV4};
 
 use ebpf_cni_tests::{
     Attached, Testbed,
+    policy_maps::policy_set,
     probe::{self, Servers},
 };
 use serde_json::{Value, json};
@@ -19,21 +17,6 @@ fn pod(name: &str, labels: Value, at: &Attached) -> Value {
         "spec": {"containers": [{"name": "c", "ports": [{"name": "web", "containerPort": 8080}]}]},
         "status": {"phase": "Running", "podIP": at.ip.to_string(), "podIPs": [{"ip": at.ip.to_string()}]},
     })
-}
-
-fn policy_set(tb: &Testbed, input: &Value) -> Value {
-    let file = tb.data_dir().join("policy-input.json");
-    std::fs::create_dir_all(tb.data_dir()).unwrap();
-    std::fs::write(&file, input.to_string()).unwrap();
-    let out = Command::new(&tb.plugin.binary)
-        .args(["policy-set", "--network", &tb.network, "--bpffs-root"])
-        .arg(tb.bpffs_root())
-        .arg("--input")
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "policy-set: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn reaches(netns: &str, at: SocketAddrV4) -> bool {

@@ -127,8 +127,7 @@ impl Thread {
         let m = &mut self.model;
         match update {
             Input::Policies(u) => {
-                self.listed[0] |= take(
-                    *u,
+                self.listed[0] |= u.apply_to(
                     "networkpolicies",
                     m,
                     policy::Input::list_policies,
@@ -138,11 +137,10 @@ impl Thread {
             }
             Input::Pods(u) => {
                 self.listed[1] |=
-                    take(*u, "pods", m, policy::Input::list_pods, policy::Input::apply_pod, policy::Input::delete_pod)
+                    u.apply_to("pods", m, policy::Input::list_pods, policy::Input::apply_pod, policy::Input::delete_pod)
             }
             Input::Namespaces(u) => {
-                self.listed[2] |= take(
-                    *u,
+                self.listed[2] |= u.apply_to(
                     "namespaces",
                     m,
                     policy::Input::list_namespaces,
@@ -196,26 +194,4 @@ impl Thread {
         self.last = compiled;
         enforcing
     }
-}
-
-/// Applies one update of a kind to the model; whether it was a complete list.
-fn take<K>(
-    update: Update<K>,
-    what: &str,
-    model: &mut policy::Input,
-    list: fn(&mut policy::Input, Vec<K>),
-    apply: fn(&mut policy::Input, &K),
-    delete: fn(&mut policy::Input, &K),
-) -> bool {
-    match update {
-        Update::Listed(objects) => {
-            list(model, objects);
-            return true;
-        }
-        Update::Applied(object) => apply(model, &object),
-        Update::Deleted(object) => delete(model, &object),
-        Update::Failed { error, .. } => log::warn!("watching {what}: {error}"),
-        Update::Resumed { .. } => {}
-    }
-    false
 }

@@ -7,18 +7,13 @@ use std::sync::{
 
 use crate::{
     bpf::{Pins, policy_maps},
-    metrics::Exposition,
+    metrics::{Exposition, SyncLatency},
 };
-
-/// Upper bounds of the latency buckets, seconds: the issue's target is 100 ms p99, 1 s at most.
-const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 
 #[derive(Default)]
 pub struct PolicyStats {
     running: AtomicBool,
-    buckets: [AtomicU64; BUCKETS.len()],
-    syncs: AtomicU64,
-    sum_us: AtomicU64,
+    latency: SyncLatency,
     bad_input: AtomicU64,
     enforcing: AtomicBool,
     sizes: Mutex<Sizes>,
@@ -46,12 +41,7 @@ impl PolicyStats {
 
     /// One sync: from the batch's first event to its entries in the maps.
     pub fn synced(&self, took: std::time::Duration, enforcing: bool) {
-        let seconds = took.as_secs_f64();
-        if let Some(bucket) = BUCKETS.iter().position(|&le| seconds <= le) {
-            self.buckets[bucket].fetch_add(1, Relaxed);
-        }
-        self.syncs.fetch_add(1, Relaxed);
-        self.sum_us.fetch_add(took.as_micros() as u64, Relaxed);
+        self.latency.observe(took);
         self.enforcing.store(enforcing, Relaxed);
     }
 
@@ -72,23 +62,11 @@ impl PolicyStats {
         if !self.running.load(Relaxed) {
             return;
         }
-        let mut cumulative = 0;
-        let buckets: Vec<(f64, u64)> = BUCKETS
-            .iter()
-            .zip(&self.buckets)
-            .map(|(&le, n)| {
-                cumulative += n.load(Relaxed);
-                (le, cumulative)
-            })
-            .collect();
-        page.histogram(
+        self.latency.write(
+            page,
             "ebpf_cni_policy_sync_duration_seconds",
             "A batch of NetworkPolicy, Pod and Namespace events (or a change of the node's pods), from the first \
              event taken to the policy maps written.",
-            &[],
-            &buckets,
-            self.sum_us.load(Relaxed) as f64 / 1e6,
-            self.syncs.load(Relaxed),
         );
         let sizes = self.sizes.lock().map(|s| *s).unwrap_or_default();
         let help_sizes = "What the last compile produced: NetworkPolicies, identity entries, rule entries.";

@@ -12,10 +12,10 @@ use std::{
     time::Duration,
 };
 
-use crate::{metrics::Exposition, services::Stats as ModelStats};
-
-/// Upper bounds of the latency buckets, seconds: the issue's target is 50 ms p99.
-const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+use crate::{
+    metrics::{Exposition, SyncLatency},
+    services::Stats as ModelStats,
+};
 
 #[derive(Default)]
 pub struct ServiceStats {
@@ -23,10 +23,7 @@ pub struct ServiceStats {
     running: AtomicBool,
     /// 0 until the first sync after both first lists; then how long it took from the first list.
     first_sync_us: AtomicU64,
-    /// Observations at most each bound of [`BUCKETS`] (not cumulative here).
-    buckets: [AtomicU64; BUCKETS.len()],
-    syncs: AtomicU64,
-    sum_us: AtomicU64,
+    latency: SyncLatency,
     frontends_changed: AtomicU64,
     /// The model's own counts of input it could not serve as given, as of the last batch.
     model: Mutex<ModelStats>,
@@ -43,12 +40,7 @@ impl ServiceStats {
 
     /// A batch after the first sync: how long it took and how many frontends it changed.
     pub fn synced(&self, took: Duration, changed: usize) {
-        let seconds = took.as_secs_f64();
-        if let Some(bucket) = BUCKETS.iter().position(|&le| seconds <= le) {
-            self.buckets[bucket].fetch_add(1, Relaxed);
-        }
-        self.syncs.fetch_add(1, Relaxed);
-        self.sum_us.fetch_add(took.as_micros() as u64, Relaxed);
+        self.latency.observe(took);
         self.frontends_changed.fetch_add(changed as u64, Relaxed);
     }
 
@@ -62,23 +54,11 @@ impl ServiceStats {
         if !self.running.load(Relaxed) {
             return;
         }
-        let mut cumulative = 0;
-        let buckets: Vec<(f64, u64)> = BUCKETS
-            .iter()
-            .zip(&self.buckets)
-            .map(|(&le, n)| {
-                cumulative += n.load(Relaxed);
-                (le, cumulative)
-            })
-            .collect();
-        page.histogram(
+        self.latency.write(
+            page,
             "ebpf_cni_service_sync_duration_seconds",
             "A batch of Service and EndpointSlice events, from the model taking its first event to its changes \
              written into the maps (after the first sync).",
-            &[],
-            &buckets,
-            self.sum_us.load(Relaxed) as f64 / 1e6,
-            self.syncs.load(Relaxed),
         );
         page.gauge(
             "ebpf_cni_service_first_sync_seconds",

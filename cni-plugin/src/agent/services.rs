@@ -88,15 +88,25 @@ fn run(
             let listed = match update {
                 Input::Services(update) => {
                     let m = &mut model;
-                    let listed =
-                        take(*update, "services", m, Model::list_services, Model::apply_service, Model::delete_service);
+                    let listed = update.apply_to(
+                        "services",
+                        m,
+                        Model::list_services,
+                        Model::apply_service,
+                        Model::delete_service,
+                    );
                     services_listed |= listed;
                     listed
                 }
                 Input::Slices(update) => {
                     let m = &mut model;
-                    let listed =
-                        take(*update, "endpointslices", m, Model::list_slices, Model::apply_slice, Model::delete_slice);
+                    let listed = update.apply_to(
+                        "endpointslices",
+                        m,
+                        Model::list_slices,
+                        Model::apply_slice,
+                        Model::delete_slice,
+                    );
                     slices_listed |= listed;
                     listed
                 }
@@ -124,28 +134,6 @@ fn run(
             log::info!("services: first sync, {} frontends, {took:?} after the first list", changed.len());
         }
     }
-}
-
-/// Applies one update of a kind to the model; whether it was a complete list.
-fn take<K>(
-    update: Update<K>,
-    what: &str,
-    model: &mut Model,
-    list: fn(&mut Model, Vec<K>),
-    apply: fn(&mut Model, &K),
-    delete: fn(&mut Model, &K),
-) -> bool {
-    match update {
-        Update::Listed(objects) => {
-            list(model, objects);
-            return true;
-        }
-        Update::Applied(object) => apply(model, &object),
-        Update::Deleted(object) => delete(model, &object),
-        Update::Failed { error, .. } => log::warn!("watching {what}: {error}"),
-        Update::Resumed { .. } => {}
-    }
-    false
 }
 
 /// `--services-dump`: the model's frontends and counts as JSON, written aside and renamed into

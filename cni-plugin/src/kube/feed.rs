@@ -38,6 +38,31 @@ pub enum Update<K> {
     },
 }
 
+impl<K> Update<K> {
+    /// Hands the update to `model`'s handler for its kind (`what`, for the log); whether it
+    /// was a complete list.
+    pub fn apply_to<M>(
+        self,
+        what: &str,
+        model: &mut M,
+        list: fn(&mut M, Vec<K>),
+        apply: fn(&mut M, &K),
+        delete: fn(&mut M, &K),
+    ) -> bool {
+        match self {
+            Update::Listed(objects) => {
+                list(model, objects);
+                return true;
+            }
+            Update::Applied(object) => apply(model, &object),
+            Update::Deleted(object) => delete(model, &object),
+            Update::Failed { error, .. } => log::warn!("watching {what}: {error}"),
+            Update::Resumed { .. } => {}
+        }
+        false
+    }
+}
+
 pub struct Feed {
     runtime: tokio::runtime::Runtime,
     client: Client,

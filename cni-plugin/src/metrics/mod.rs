@@ -3,6 +3,7 @@
 //! nothing: counters are never reset, the log ring buffer is never read.
 mod exposition;
 mod serve;
+mod sync_latency;
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +14,7 @@ use ebpf_common::{
 };
 pub use exposition::Exposition;
 pub use serve::spawn as serve;
+pub use sync_latency::SyncLatency;
 
 use crate::{
     bpf::{Pins, read},

@@ -15,6 +15,6 @@ mod table;
 pub use cluster::{NetpolCluster, Options, PROBE_TIMEOUT};
 pub use expect::{Peer, Reachability};
 pub use model::{ALL_TARGETS, Family, NAMESPACES, POD_NAMES, PodRef, Protocol, TCP_80, TCP_81, Target, UDP_80, UDP_81};
-pub use objects::{ip_block, labels, ns_peer, pod_peer, policy, port, port_range};
+pub use objects::{XA, ip_block, labels, ns_peer, pod_peer, policy, port, port_range, xa_egress, xa_ingress};
 pub use probe::{Probe, probe_once};
 pub use suite::Tally;

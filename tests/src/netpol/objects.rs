@@ -4,7 +4,10 @@ use std::net::IpAddr;
 
 use serde_json::{Map, Value, json};
 
-use super::model::{ALL_TARGETS, PodRef, Target};
+use super::{
+    expect::Peer,
+    model::{ALL_TARGETS, PodRef, Target},
+};
 
 /// `{"k": "v", …}`.
 pub fn labels(pairs: &[(&str, &str)]) -> Value {
@@ -40,6 +43,23 @@ pub fn pod(p: PodRef, node_name: &str, addresses: &[IpAddr], extra: &[(&str, &st
 /// A NetworkPolicy `ns/name` with `spec` as written.
 pub fn policy(ns: &str, name: &str, spec: Value) -> Value {
     json!({ "metadata": { "namespace": ns, "name": name }, "spec": spec })
+}
+
+/// x/a: the pod most cases isolate.
+pub const XA: Peer = Peer::pod("x", "a");
+
+/// A policy in x selecting x/a with these ingress rules.
+pub fn xa_ingress(name: &str, rules: Value) -> Value {
+    xa_policy(name, "Ingress", "ingress", rules)
+}
+
+/// A policy in x selecting x/a with these egress rules.
+pub fn xa_egress(name: &str, rules: Value) -> Value {
+    xa_policy(name, "Egress", "egress", rules)
+}
+
+fn xa_policy(name: &str, kind: &str, key: &str, rules: Value) -> Value {
+    policy("x", name, json!({ "podSelector": { "matchLabels": { "pod": "a" } }, "policyTypes": [kind], key: rules }))
 }
 
 /// A peer selecting pods labelled `pod: <name>` in the policy's namespace.
