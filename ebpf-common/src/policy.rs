@@ -132,6 +132,12 @@ pub struct PolicyFlow {
 pub const POLICY_FLOW_KEY_SUBJECT_SENDS: u8 = 1;
 /// The check's pod receives the packet (ingress checks).
 pub const POLICY_FLOW_KEY_SUBJECT_RECEIVES: u8 = 2;
+/// A flow between two pods of this node, both policy subjects: one entry per flow, keyed in
+/// one orientation (the lower address and port first), whose `owner` is the two pods' owners
+/// XORed. It says that both pods' checks allowed the flow (each pod's own entries say so too), so
+/// that `from_pod` judges each later packet, the sender's egress and the receiver's ingress, with
+/// one lookup. New beside layout v4's keys: programs that do not know it never look it up.
+pub const POLICY_FLOW_KEY_PAIR: u8 = 3;
 
 /// [`PolicyFlow::flags`]: this key is the direction of the flow's opener.
 pub const POLICY_FLOW_ORIGINAL: u32 = 1;

@@ -82,7 +82,7 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
         policy::note_via_stack(ctx, own.owner);
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
-    if !policy::egress_allowed(ctx, own.owner) {
+    if !policy::egress_allowed(ctx, &own, peer) {
         return maps::drop(ctx, DropReason::PolicyDenied);
     }
     // Its own stack flows: its replies to flows the stack delivered, and a SYN that must forget
@@ -90,6 +90,7 @@ fn ipv4(ctx: &TcContext, eth: *mut EthHdr) -> i32 {
     // SAFETY (here and below): a hash map value, valid while this program runs.
     let flagged = stack_epoch::live_epoch(own.stack_epoch) || peer.is_some_and(|p| stack_epoch::live(unsafe { &*p }));
     if steer::via_stack(ctx, flagged, own.owner, true) {
+        policy::unvouch();
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }
     // An egress limit: the next filter on this hook feeds the limit's IFB, which a redirect would

@@ -81,12 +81,13 @@ pub fn from_pod(ctx: &TcContext) -> i32 {
         return maps::forwarded(ctx, ForwardPath::ToStack, packet::PASS);
     }
     // NetworkPolicy, as for IPv4.
-    if !policy::egress_allowed(ctx, own.owner) {
+    if !policy::egress_allowed(ctx, &own, peer) {
         return maps::drop(ctx, DropReason::PolicyDenied);
     }
     // As for IPv4 (`from_pod.rs`): only flagged pods' flows are looked up in `FLOWS`.
     let flagged = stack_epoch::live_epoch(own.stack_epoch) || peer.is_some_and(|p| stack_epoch::live(unsafe { &*p }));
     if steer::via_stack6(ctx, flagged, own.owner, true) {
+        policy::unvouch();
         return maps::forwarded(ctx, ForwardPath::StackFlow, packet::PASS);
     }
     // As for IPv4: a pod with an egress limit sends through the limit's IFB, then the stack.

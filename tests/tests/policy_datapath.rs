@@ -287,15 +287,15 @@ fn from_pod_cost() {
         let datagram = frames::ipv4_udp(a.ip, b.ip, b"ping");
         frames::with_checksums([ethernet(a.host_mac, a.pod_mac, 0x0800), datagram].concat())
     };
-    let per_packet = |tb: &Testbed| {
+    let per_packet = |tb: &Testbed, frame: Vec<u8>| {
         let mut best = Duration::MAX;
         for _ in 0..7 {
-            let (_, t) = prog_run::time(tb, "from_pod", &a.host_ifname, frame(), 200_000).unwrap();
+            let (_, t) = prog_run::time(tb, "from_pod", &a.host_ifname, frame.clone(), 200_000).unwrap();
             best = best.min(t);
         }
         best
     };
-    println!("from_pod, no policy: {:?}", per_packet(&tb));
+    println!("from_pod, no policy: {:?}", per_packet(&tb, frame()));
     if !Path::new(&tb.map_pin(names::POLICY_ENDPOINTS)).exists() {
         return;
     }
@@ -304,9 +304,22 @@ fn from_pod_cost() {
     policy.identity(b.ip, B);
     policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED | POLICY_INGRESS_ISOLATED, 1, 2);
     policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, None, 3);
-    println!("from_pod, isolated pod, cached flow: {:?}", per_packet(&tb));
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, TCP, None, 3);
+    println!("from_pod, isolated pod, cached flow: {:?}", per_packet(&tb, frame()));
+    // Both ends isolated both ways, each allowing the other: an established flow (its entries
+    // made by the first run), and a SYN (always judged by both checks).
+    policy.subject(b.ip, B, POLICY_EGRESS_ISOLATED | POLICY_INGRESS_ISOLATED, 4, 5);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, UDP, None, 6);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, TCP, None, 6);
+    println!("from_pod, both isolated, cached flow: {:?}", per_packet(&tb, frame()));
+    let ack = tcp_frame(a, b.ip, (40_000, 8080), 0x10);
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, tcp_frame(a, b.ip, (40_000, 8080), 0x02));
+    assert_eq!(verdict, prog_run::TC_ACT_REDIRECT, "the SYN was not delivered");
+    println!("from_pod, both isolated, TCP ACK: {:?}", per_packet(&tb, ack));
+    println!("from_pod, both isolated, TCP SYN: {:?}", per_packet(&tb, tcp_frame(a, b.ip, (40_000, 8080), 0x02)));
     policy.subject(a.ip, A, 0, 0, 0);
-    println!("from_pod, no policy again: {:?}", per_packet(&tb));
+    policy.subject(b.ip, B, 0, 0, 0);
+    println!("from_pod, no policy again: {:?}", per_packet(&tb, frame()));
     drop(policy);
     tb.del(0).unwrap();
     tb.del(1).unwrap();

@@ -18,9 +18,9 @@ use ebpf_cni_tests::{
 };
 use ebpf_common::{
     DropReason, FAMILY_IPV4, FlowKey, HOST_VETHS_SLOTS, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
-    POLICY_EGRESS_ISOLATED, POLICY_FLOW_KEY_SUBJECT_RECEIVES, POLICY_FLOW_KEY_SUBJECT_SENDS, POLICY_FLOW_OPENER_OK,
-    POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_FLOWS_PER_SECOND, PolicyEndpoint, PolicyFlow,
-    host_veth_slot,
+    POLICY_EGRESS_ISOLATED, POLICY_FLOW_KEY_PAIR, POLICY_FLOW_KEY_SUBJECT_RECEIVES, POLICY_FLOW_KEY_SUBJECT_SENDS,
+    POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_FLOWS_PER_SECOND, PolicyEndpoint,
+    PolicyFlow, host_veth_slot,
 };
 use serde_json::json;
 
@@ -343,6 +343,61 @@ fn icmp_errors_about_an_allowed_flow_pass_and_no_others() {
     for pod in 0..3 {
         tb.del(pod).unwrap();
     }
+}
+
+/// The pair entry of a flow between two subjects of this node (`POLICY_FLOW_KEY_PAIR`) vouches
+/// for the receiver's ingress only for the two pods it was made for: with another receiver's
+/// owner (a new pod at b's address) it is no entry, and b's own rules judge (here: deny).
+#[test]
+fn a_pair_entry_vouches_only_for_the_pods_it_was_made_for() {
+    let test = "a_pair_entry_vouches_only_for_the_pods_it_was_made_for";
+    let Some(mut tb) = Testbed::for_test(test, "polpr", "10.225.7.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    // a may send to b; b lets nothing in.
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 0, 2);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, None, 3);
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 1, 0);
+    let (a_owner, b_owner) = (policy.entry(a.ip, A, 0, 0, 0).owner, policy.entry(b.ip, B, 0, 0, 0).owner);
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+    assert_eq!(verdict, TC_ACT_SHOT, "b's ingress let a in");
+    assert!(pair_keys(&policy).is_empty(), "a denied flow got a pair entry");
+
+    // Pair entries (both orientations) of another b: no entry.
+    let pair = |owner| PolicyFlow { last_seen_ns: now_ns(), owner, slot: 0, flags: 0 };
+    let forge = |policy: &mut Policy, owner| {
+        for key in [udp_key(a.ip, b.ip, POLICY_FLOW_KEY_PAIR), udp_key(b.ip, a.ip, POLICY_FLOW_KEY_PAIR)] {
+            policy.flows.insert(key, pair(owner), 0).unwrap();
+        }
+    };
+    forge(&mut policy, a_owner ^ b_owner ^ 0x5a5a);
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+    assert_eq!(verdict, TC_ACT_SHOT, "a pair entry of another receiver vouched for b");
+    // The same entries as these two pods' own: they vouch (b's rules are not asked).
+    forge(&mut policy, a_owner ^ b_owner);
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+    assert_eq!(verdict, TC_ACT_REDIRECT, "the pair entry is not what the check reads");
+
+    // An allowed flow gets one pair entry, which the reply finds.
+    policy.forget_flows();
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, UDP, None, 4);
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+    assert_eq!(verdict, TC_ACT_REDIRECT, "an allowed flow was dropped");
+    assert_eq!(pair_keys(&policy).len(), 1, "one pair entry per flow");
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &b.host_ifname, udp_frame(b, a));
+    assert_eq!(verdict, TC_ACT_REDIRECT, "the reply was dropped");
+    assert_eq!(pair_keys(&policy).len(), 1, "the reply made a pair entry of its own");
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
+fn pair_keys(policy: &Policy) -> Vec<FlowKey> {
+    policy.all_flows().into_iter().filter(|k| k.pad[0] == POLICY_FLOW_KEY_PAIR).collect()
 }
 
 /// A dual-stack pod of `tb` after ADD: its IPv6 address, host veth, and the veth pair's MACs.

@@ -103,6 +103,7 @@ pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
         s.flow.flags &= !POLICY_FLOW_CLOSING;
     }
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
+    s.kept = 1;
     s.flow.flags ^= POLICY_FLOW_ORIGINAL;
     tuple::turn(s);
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));

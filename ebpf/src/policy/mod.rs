@@ -7,6 +7,7 @@
 //! - `rules.rs`: whether an isolated subject's rules allow a new flow (`POLICY_RULES`).
 //! - `flows.rs`: the cached verdicts of allowed flows (`POLICY_FLOWS`): aging, closing.
 //! - `budget.rs`: how many new flows one pod may have remembered per second.
+//! - `pair.rs`: one lookup for both checks of a flow between two subjects of this node.
 //! - `verdict.rs`: the checks themselves, and what a verdict counts and reports.
 //! - `scratch.rs`: the checks' working memory (a per-CPU map value: the callers' frames leave
 //!   them little stack).
@@ -20,26 +21,33 @@
 pub mod budget;
 mod flows;
 mod identity;
+mod pair;
 mod rules;
 pub mod scratch;
 pub mod subject;
 mod tuple;
 pub mod verdict;
 
+pub use pair::unvouch;
 pub use subject::Subject;
 
 use aya_ebpf::programs::TcContext;
-use ebpf_common::{POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS};
+use ebpf_common::{ENDPOINT_EGRESS_SHAPED, Endpoint, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS};
 
-use crate::packet;
+use crate::{packet, sender::Sender};
 
-/// Whether the packet `from_pod` has in hand may leave the pod (`owner`'s) behind the veth it
-/// arrived on. A pod no policy isolates: one array read.
+/// Whether the packet `from_pod` has in hand may leave the pod (`own`'s) behind the veth it
+/// arrived on, for `to`, the pod of this node it goes to, if any. A pod no policy isolates:
+/// one array read. Two subjects: both checks in one lookup once the flow is known (`pair.rs`);
+/// not for a pod with an egress limit at either end (the stack delivers, and `to_pod` checks).
 #[inline(always)]
-pub fn egress_allowed(ctx: &TcContext, owner: u64) -> bool {
-    match subject::of_veth(packet::ingress_ifindex(ctx), Some(owner)) {
-        Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_EGRESS),
-        None => true,
+pub fn egress_allowed(ctx: &TcContext, own: &Sender, to: Option<*const Endpoint>) -> bool {
+    let Some(sender) = subject::of_veth(packet::ingress_ifindex(ctx), Some(own.owner)) else { return true };
+    // SAFETY: a hash map value, valid while this program runs.
+    let receiver = to.map(|p| unsafe { &*p }).filter(|p| (own.flags | p.flags) & ENDPOINT_EGRESS_SHAPED == 0);
+    match receiver.and_then(|p| subject::of_veth(p.host_ifindex, Some(p.owner))) {
+        Some(receiver) => verdict::allows_pair(ctx, &sender, &receiver),
+        None => verdict::allows(ctx, &sender, POLICY_DIRECTION_EGRESS, 0),
     }
 }
 
@@ -59,7 +67,9 @@ pub fn note_via_stack(ctx: &TcContext, owner: u64) {
 #[inline(always)]
 pub fn ingress_allowed(ctx: &TcContext, ifindex: u32, owner: Option<u64>) -> bool {
     match subject::of_veth(ifindex, owner) {
-        Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_INGRESS),
+        // A delivery (`deliver::into_pod`): `from_pod` may have vouched for this packet.
+        Some(subject) if owner.is_some() => verdict::allows(ctx, &subject, POLICY_DIRECTION_INGRESS, pair::INTO_POD),
+        Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_INGRESS, 0),
         None => true,
     }
 }
@@ -72,7 +82,7 @@ pub fn forwarded_egress_allowed(ctx: &TcContext) -> bool {
     // SAFETY: `skb` is the context pointer the kernel passed in.
     let arrived_on = unsafe { (*ctx.skb.skb).ingress_ifindex };
     match subject::of_veth(arrived_on, None) {
-        Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_EGRESS),
+        Some(subject) => verdict::allows(ctx, &subject, POLICY_DIRECTION_EGRESS, 0),
         None => true,
     }
 }

@@ -48,7 +48,23 @@ pub struct Scratch {
     pub direction: u8,
     /// The packet is an ICMP error (`tuple::inner` reads the packet it is about).
     pub icmp_error: u8,
-    pub pad: [u8; 5],
+    /// The check's verdict is in `POLICY_FLOWS` (found there, or remembered within the budget).
+    pub kept: u8,
+    /// `from_pod`'s word to `deliver::into_pod` in the same program run (`pair.rs`): `VOUCHED`,
+    /// `PENDING` or 0, for the packet from `vouch_sender` (host ifindex) to `vouch_receiver`
+    /// of owner `vouch_receiver_owner`. Every check clears it; only that delivery takes it.
+    pub vouch: u8,
+    /// `deliver::into_pod`'s check is to write the pair entry if it keeps the flow.
+    pub pair_pending: u8,
+    /// The check's `pairing` (`verdict::allows`).
+    pub pairing: u8,
+    pub pad: [u8; 1],
+    /// The flow's key in `pair.rs`'s orientation.
+    pub pair_key: FlowKey,
+    pub vouch_sender: u32,
+    pub vouch_receiver: u32,
+    pub vouch_sender_owner: u64,
+    pub vouch_receiver_owner: u64,
 }
 
 /// This CPU's scratch value; only this program run uses it.

@@ -21,26 +21,76 @@ use ebpf_common::{
     POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_FLOW_RESPONDER_OK, POLICY_FLOW_VIA_STACK,
 };
 
-use super::{Subject, flows, identity, rules, scratch, scratch::Scratch, tuple};
+use super::{Subject, flows, identity, pair, rules, scratch, scratch::Scratch, tuple};
 use crate::{maps, monitor};
 
 /// Whether the packet in `ctx` may go out of (`POLICY_DIRECTION_EGRESS`) or into the pod
 /// `subject`. A denied one is counted on the policy's slot and reported; the caller drops it
 /// (`DropReason::PolicyDenied`). Not inlined: the programs' fast paths stay as they were for
 /// pods no policy isolates.
+///
+/// `pairing` (`pair.rs`): `pair::FROM_POD`, `from_pod`'s check of a packet to a subject of this
+/// node that `deliver::into_pod` checks next: an allowed flow, kept, is left pending for that
+/// check; `pair::INTO_POD`, that check: it takes `from_pod`'s vouch for this packet and this
+/// receiver, if any, and writes the pair entry of a pending flow it keeps too; else 0.
 #[inline(never)]
-pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8) -> bool {
+pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8, pairing: u8) -> bool {
     // Always there (an array's slot 0); without it nothing could be judged: denied.
     let Some(s) = scratch::get() else { return false };
     // SAFETY: this CPU's scratch value, used by this program run alone.
     let s = unsafe { &mut *s };
-    // Not IP, or neighbour discovery: the callers' other checks see to it.
-    if !tuple::parse(ctx, s) {
+    s.pair_pending = 0;
+    if pairing == pair::INTO_POD && s.vouch != 0 && pair::vouched_for(ctx, s, subject) {
+        if s.vouch == pair::VOUCHED {
+            s.vouch = 0;
+            return true;
+        }
+        s.pair_pending = 1;
+    }
+    s.vouch = 0;
+    s.pairing = pairing;
+    if !start(ctx, s, subject, direction) {
         return true;
+    }
+    if !finish(ctx, s) {
+        return false;
+    }
+    if s.kept != 0 && s.icmp_error == 0 {
+        if s.pairing == pair::FROM_POD {
+            s.vouch = pair::PENDING;
+        } else if s.pair_pending != 0 {
+            pair::remember(s);
+        }
+    }
+    true
+}
+
+/// `from_pod`'s check of a packet from `sender` to `receiver`, another pod of this node whose
+/// ingress `deliver::into_pod` checks next, in the same program run: with the flow's pair
+/// entry, one lookup for both (`pair.rs`). A frame of its own that takes no stack: the checks
+/// it calls have what `from_pod`'s leaves (64 bytes).
+#[inline(never)]
+pub fn allows_pair(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
+    pair::cached(ctx, sender, receiver) || allows(ctx, sender, POLICY_DIRECTION_EGRESS, pair::FROM_POD)
+}
+
+/// Reads the packet's key for a check of `subject` in `direction`; false for a packet no policy
+/// judges (not IP, neighbour discovery: the callers' other checks see to it).
+#[inline(always)]
+fn start(ctx: &TcContext, s: &mut Scratch, subject: &Subject, direction: u8) -> bool {
+    if !tuple::parse(ctx, s) {
+        return false;
     }
     s.subject = *subject.endpoint;
     s.direction = direction;
+    s.kept = 0;
     tuple::own(s, direction == POLICY_DIRECTION_EGRESS);
+    true
+}
+
+/// The check of the key [`start`] read: a cached verdict, or a new flow's.
+#[inline(always)]
+fn finish(ctx: &TcContext, s: &mut Scratch) -> bool {
     // An ICMP error about a flow passes where the flow's replies pass (keyed as one); any
     // other is judged as itself. A quote that cannot be read keys nothing (family 0).
     if s.icmp_error != 0 {
@@ -96,6 +146,7 @@ fn cached(s: &mut Scratch) -> bool {
     }
     // SAFETY: as above.
     unsafe { flows::touch(entry, now, tuple::closes(s)) };
+    s.kept = 1;
     true
 }
 
@@ -174,6 +225,7 @@ pub fn note_via_stack(ctx: &TcContext, subject: &Subject) {
     let Some(s) = scratch::get() else { return };
     // SAFETY: this CPU's scratch value, used by this program run alone.
     let s = unsafe { &mut *s };
+    s.vouch = 0;
     if !tuple::parse(ctx, s) {
         return;
     }

@@ -1,0 +1,138 @@
+//! One lookup for both checks of a packet between two pods of this node that are both policy
+//! subjects: `from_pod` judges the sender's egress and `deliver::into_pod`, in the same program
+//! run, the receiver's ingress. Each check keeps its pod's own entries (`flows.rs`); once both
+//! allowed a flow and both kept it, the flow also gets one pair entry (`POLICY_FLOW_KEY_PAIR`:
+//! keyed in one orientation, the lower address and port first, so that the replies find it
+//! too; owned by the two owners XORed, so that a pod at either address that is not the one
+//! that was judged finds nothing). A later packet of the flow, either way, finds it in
+//! `from_pod`, and `from_pod` vouches to `into_pod` (in the per-CPU scratch value: a program
+//! run is never interrupted by another on its CPU) that the receiver's check is done for this
+//! packet, for that receiver (host ifindex and owner) and this sender.
+//!
+//! Both checks passing for one packet means both pass for the flow's replies too: each check
+//! keeps its verdict for both directions (`flows.rs`). A TCP SYN never rides on the pair entry
+//! (both checks judge it, as always); an ICMP error neither (it is judged as what it quotes).
+//! The pair entry needs no budget of its own: it is written only beside the pods' entries that
+//! their budgets admitted. It ages like theirs; while it serves the flow, theirs are not
+//! touched and may age out first: when the pair entry goes too, each check judges again.
+//!
+//! The vouch is taken by the delivery it was made for or cleared by the next check on the CPU,
+//! whichever comes first; `from_pod` clears it itself when it sends the packet to the stack
+//! after all (`unvouch`), and never vouches for a delivery that skips the check (a pod with an
+//! egress limit at either end).
+use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
+use ebpf_common::{POLICY_FLOW_CLOSING, POLICY_FLOW_KEY_PAIR};
+
+use super::{Subject, flows, scratch, scratch::Scratch, tuple};
+use crate::{maps, packet};
+
+/// `verdict::allows`' `pairing`: `from_pod`'s check of a packet to a subject of this node.
+pub const FROM_POD: u8 = 1;
+/// `deliver::into_pod`'s check.
+pub const INTO_POD: u8 = 2;
+
+/// `Scratch::vouch`: the pair entry allowed the packet; the receiver's check is done.
+pub const VOUCHED: u8 = 1;
+/// The sender's check allowed and kept the packet's flow without the pair entry: the receiver's
+/// check, if it allows and keeps it too, writes the pair entry.
+pub const PENDING: u8 = 2;
+
+/// Whether the key's source (address, then port) is above its destination: the pair's key has
+/// the lower end first. Any order both directions agree on does.
+#[inline(always)]
+fn reversed(s: &Scratch) -> bool {
+    let (src, dst) = ((&raw const s.key.src_addr).cast::<u32>(), (&raw const s.key.dst_addr).cast::<u32>());
+    for i in 0..4 {
+        // SAFETY: 4-aligned words of the key (`scratch.rs`).
+        let (a, b) = unsafe { (*src.add(i), *dst.add(i)) };
+        if a != b {
+            return a > b;
+        }
+    }
+    s.key.src_port > s.key.dst_port
+}
+
+/// `s.pair_key`: the packet's key (`s.key`) in the pair's orientation. Word by word, with
+/// volatile accesses: LLVM would otherwise load every word at once, and spill some onto the
+/// stack, which the callers' frames leave none of.
+#[inline(always)]
+fn key(s: &mut Scratch) {
+    let reversed = reversed(s);
+    let from = (&raw const s.key).cast::<u32>();
+    let to = (&raw mut s.pair_key).cast::<u32>();
+    // Words: 0 family, protocol, pad; 1 ports; 2..6 source; 6..10 destination.
+    // SAFETY: two `FlowKey`s of the scratch value, 40 bytes each, 4-aligned.
+    unsafe {
+        for i in 0..10 {
+            let j = if !reversed || i < 2 {
+                i
+            } else if i < 6 {
+                i + 4
+            } else {
+                i - 4
+            };
+            to.add(i).write_volatile(from.add(j).read_volatile());
+        }
+    }
+    let p = &mut s.pair_key;
+    p.pad = [POLICY_FLOW_KEY_PAIR, 0];
+    if reversed {
+        core::mem::swap(&mut p.src_port, &mut p.dst_port);
+    }
+    s.flow.owner = s.vouch_sender_owner ^ s.vouch_receiver_owner;
+}
+
+/// Whether the flow of the packet from `sender` to `receiver` has a live pair entry: then
+/// `from_pod` vouches for the packet to `receiver`'s check. One that has lives on. A TCP SYN, an
+/// ICMP error, a packet no policy judges: false (the checks see to them). Not inlined, nor
+/// [`remember`]: `from_pod`'s frame leaves them 64 bytes.
+#[inline(never)]
+pub fn cached(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
+    let Some(s) = scratch::get() else { return false };
+    // SAFETY: this CPU's scratch value, used by this program run alone.
+    let s = unsafe { &mut *s };
+    s.vouch = 0;
+    s.vouch_sender = packet::ingress_ifindex(ctx);
+    s.vouch_sender_owner = sender.endpoint.owner;
+    s.vouch_receiver = receiver.endpoint.ifindex;
+    s.vouch_receiver_owner = receiver.endpoint.owner;
+    if !tuple::parse(ctx, s) || s.icmp_error != 0 || tuple::opens(s) {
+        return false;
+    }
+    key(s);
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let Some(entry) = flows::live(&s.pair_key, now, s.flow.owner) else { return false };
+    // SAFETY: an LRU value, valid while this program runs.
+    unsafe { flows::touch(entry, now, tuple::closes(s)) };
+    s.vouch = VOUCHED;
+    true
+}
+
+/// Whether `from_pod`'s vouch (`s.vouch` set) is for this packet's delivery into `receiver`.
+#[inline(always)]
+pub fn vouched_for(ctx: &TcContext, s: &Scratch, receiver: &Subject) -> bool {
+    s.vouch_receiver == receiver.endpoint.ifindex
+        && s.vouch_receiver_owner == receiver.endpoint.owner
+        && s.vouch_sender == packet::ingress_ifindex(ctx)
+}
+
+/// Writes the pair entry of the flow of `s.key`, for the vouch's pods.
+#[inline(never)]
+pub fn remember(s: &mut Scratch) {
+    key(s);
+    // SAFETY: plain helper call.
+    s.flow.last_seen_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    s.flow.slot = 0;
+    s.flow.flags = if tuple::closes(s) { POLICY_FLOW_CLOSING } else { 0 };
+    let _ = maps::POLICY_FLOWS.insert(&s.pair_key, &s.flow, u64::from(BPF_ANY));
+}
+
+/// `from_pod` sends the packet to the node's stack after all: no delivery takes the vouch.
+#[inline(always)]
+pub fn unvouch() {
+    if let Some(s) = scratch::get() {
+        // SAFETY: this CPU's scratch value, used by this program run alone.
+        unsafe { (*s).vouch = 0 };
+    }
+}
