@@ -31,12 +31,14 @@ pub const AHEAD: [&str; 6] =
 /// its own); returns their names, for the loader to take from their pins. None when the kernel
 /// takes no BTF: aya then creates every map itself, as before.
 pub fn create(object: &[u8], entries: &[(&str, u32)], pins: &Pins) -> CniResult<Vec<&'static str>> {
+    let started = std::time::Instant::now();
     let mut object = Object::parse(object).cni(ErrorCode::INTERNAL, "cannot parse the eBPF object")?;
     let Some(features) = aya::features().btf() else { return Ok(Vec::new()) };
     let Some(btf) = object.fixup_and_sanitize_btf(features).cni(ErrorCode::INTERNAL, "cannot prepare the BTF")? else {
         return Ok(Vec::new());
     };
     let btf = load_btf(&btf.to_bytes()).cni(ErrorCode::DATAPATH, "kernel refused the object's BTF")?;
+    log::debug!("object parsed and its BTF loaded in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
     let mut maps = Vec::new();
     for name in AHEAD {
         let mut map = object.maps.remove(name).ok_or_else(|| internal(format!("object has no map {name}")))?;
