@@ -91,8 +91,9 @@ fn check(ctx: &TcContext, subject: &Subject, direction: u8, pairing: u8) -> bool
 
 /// `from_pod`'s check of a packet from `sender` to `receiver`, another pod of this node whose
 /// ingress `deliver::into_pod` checks next, in the same program run: with the flow's pair
-/// entry, one lookup for both (`pair.rs`). A frame of its own that takes no stack: the checks
-/// it calls have what `from_pod`'s leaves (64 bytes).
+/// entry, one lookup for both (`pair.rs`). A frame of its own ([`policy_allows_pair`]) that
+/// takes next to no stack (the context and the two entries' addresses): the checks it calls
+/// have what `from_pod`'s leaves (64 bytes).
 #[inline(always)]
 pub fn allows_pair(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
     policy_allows_pair(ctx.skb.skb, sender.endpoint, receiver.endpoint)
