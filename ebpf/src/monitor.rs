@@ -7,6 +7,8 @@
 //! Everything else — the
 //! clock, the per-CPU budget, the ring buffer, the packet's headers — is in BPF functions of
 //! their own (`#[inline(never)]`): the sixty-odd drop sites of the programs inline only the check.
+//! The two entry points are BPF global functions, which the verifier checks once per program
+//! rather than once per call site.
 //! Those functions keep no stack (the event is built in a per-CPU map value, `MONITOR_SCRATCH`,
 //! map keys are read from a global): they are called from frames that use nearly all of the 512
 //! bytes a call chain may have (`from_pod`'s with the policy check, `from_uplink6`'s).
@@ -42,7 +44,7 @@ pub fn drop(ctx: &TcContext, reason: DropReason) {
         return;
     }
     if listening().is_some() {
-        drop_event(ctx.skb.skb, reason as u32);
+        monitor_drop_event(ctx.skb.skb, reason as u32);
     }
 }
 
@@ -56,7 +58,7 @@ pub fn verdict(ctx: &TcContext, kind: u8, direction: u8, slot: u32, ifindex: u32
         // Kind, direction and length in one argument, the policy slot and the interface in
         // another: fewer values for the callee to keep across its helper calls.
         let kind_direction_len = u64::from(kind) | u64::from(direction) << 8 | u64::from(ctx.len()) << 32;
-        verdict_event(kind_direction_len, u64::from(slot) << 32 | u64::from(ifindex), key);
+        monitor_verdict_event(kind_direction_len, u64::from(slot) << 32 | u64::from(ifindex), key);
     }
 }
 
@@ -73,7 +75,19 @@ fn listening() -> Option<*mut MonitorControl> {
 /// more values are kept across a helper call than the four registers that survive one (a spill
 /// would be stack): the control slot is looked up again rather than passed (the compiler would
 /// pass its two fields, one argument too many).
+///
+/// A BPF global function (exported, BTF linkage global): the verifier checks it once per
+/// program, on its own, instead of once at each of the sixty-odd drop sites with the caller's
+/// state. Hence the C ABI, the context as the kernel's `__sk_buff` and a scalar to return
+/// (always 0).
 #[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn monitor_drop_event(skb: *mut __sk_buff, reason: u32) -> u32 {
+    drop_event(skb, reason);
+    0
+}
+
+#[inline(always)]
 fn drop_event(skb: *mut __sk_buff, reason: u32) {
     let Some(control) = listening() else { return };
     let Some(event) = scratch() else { return };
@@ -96,7 +110,19 @@ fn drop_event(skb: *mut __sk_buff, reason: u32) {
 /// Called for every new flow a policy judges, denied floods included. As in `drop_event`, the
 /// control slot is looked up again, here once the record is filled from the arguments: the
 /// three of them and the slot's two fields would not fit the registers a helper call keeps.
+/// A BPF global function, verified once per program like [`monitor_drop_event`]; `key` may be
+/// null for the verifier, and returns 0.
 #[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn monitor_verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: *const FlowKey) -> u32 {
+    // SAFETY: the caller's 5-tuple (in the policy's scratch value), or null.
+    if let Some(key) = unsafe { key.as_ref() } {
+        verdict_event(kind_direction_len, slot_ifindex, key);
+    }
+    0
+}
+
+#[inline(always)]
 fn verdict_event(kind_direction_len: u64, slot_ifindex: u64, key: &FlowKey) {
     let Some(event) = scratch() else { return };
     let kind = kind_direction_len as u8;

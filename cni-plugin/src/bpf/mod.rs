@@ -5,6 +5,7 @@ mod datapath;
 mod host_veths;
 mod kernel_btf;
 mod loader;
+mod maps_ahead;
 mod nat;
 mod pins;
 pub mod policy_endpoints;

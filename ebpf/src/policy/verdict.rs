@@ -15,10 +15,10 @@
 //!
 //! An ICMP error passes where a reply of the flow it quotes would (`tuple::inner`): never
 //! remembered, never opening anything. Others are judged as themselves (ICMP, no ports).
-use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
+use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
 use ebpf_common::{
     IDENTITY_HOST, MONITOR_POLICY_ALLOWED, MONITOR_POLICY_DENIED, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
-    POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_FLOW_RESPONDER_OK, POLICY_FLOW_VIA_STACK,
+    POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_FLOW_RESPONDER_OK, POLICY_FLOW_VIA_STACK, PolicyEndpoint,
 };
 
 use super::{Subject, flows, identity, pair, rules, scratch, scratch::Scratch, tuple};
@@ -33,8 +33,32 @@ use crate::{maps, monitor};
 /// node that `deliver::into_pod` checks next: an allowed flow, kept, is left pending for that
 /// check; `pair::INTO_POD`, that check: it takes `from_pod`'s vouch for this packet and this
 /// receiver, if any, and writes the pair entry of a pending flow it keeps too; else 0.
-#[inline(never)]
+#[inline(always)]
 pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8, pairing: u8) -> bool {
+    policy_allows(ctx.skb.skb, subject.endpoint, direction, pairing)
+}
+
+/// [`allows`] as a BPF global function (exported: BTF linkage global). The verifier checks it
+/// once per program, on its own, for any arguments of its types, instead of again at each call
+/// site with that caller's state: with the checks' size and their call sites (both families in
+/// `from_pod`, the pair check, `to_pod`, the uplink's) that was most of a first ADD. Hence the C
+/// ABI, the kernel's `__sk_buff` for the context and a raw pointer for the subject's entry,
+/// which the verifier only knows as memory of its size that may be null.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn policy_allows(
+    skb: *mut __sk_buff,
+    endpoint: *const PolicyEndpoint,
+    direction: u8,
+    pairing: u8,
+) -> bool {
+    // SAFETY: a `POLICY_ENDPOINTS` value, valid while this program runs, or null.
+    let Some(endpoint) = (unsafe { endpoint.as_ref() }) else { return false };
+    check(&TcContext::new(skb), &Subject { endpoint }, direction, pairing)
+}
+
+#[inline(always)]
+fn check(ctx: &TcContext, subject: &Subject, direction: u8, pairing: u8) -> bool {
     // Always there (an array's slot 0); without it nothing could be judged: denied.
     let Some(s) = scratch::get() else { return false };
     // SAFETY: this CPU's scratch value, used by this program run alone.
@@ -67,11 +91,28 @@ pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8, pairing: u8) ->
 
 /// `from_pod`'s check of a packet from `sender` to `receiver`, another pod of this node whose
 /// ingress `deliver::into_pod` checks next, in the same program run: with the flow's pair
-/// entry, one lookup for both (`pair.rs`). A frame of its own that takes no stack: the checks
-/// it calls have what `from_pod`'s leaves (64 bytes).
-#[inline(never)]
+/// entry, one lookup for both (`pair.rs`). A frame of its own ([`policy_allows_pair`]) that
+/// takes next to no stack (the context and the two entries' addresses): the checks it calls
+/// have what `from_pod`'s leaves (64 bytes).
+#[inline(always)]
 pub fn allows_pair(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
-    pair::cached(ctx, sender, receiver) || allows(ctx, sender, POLICY_DIRECTION_EGRESS, pair::FROM_POD)
+    policy_allows_pair(ctx.skb.skb, sender.endpoint, receiver.endpoint)
+}
+
+/// [`allows_pair`] as a BPF global function, verified once per program (see [`policy_allows`]).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn policy_allows_pair(
+    skb: *mut __sk_buff,
+    sender: *const PolicyEndpoint,
+    receiver: *const PolicyEndpoint,
+) -> bool {
+    // SAFETY: `POLICY_ENDPOINTS` values, valid while this program runs, or null.
+    let (Some(sender), Some(receiver)) = (unsafe { sender.as_ref() }, unsafe { receiver.as_ref() }) else {
+        return false;
+    };
+    let (ctx, sender, receiver) = (TcContext::new(skb), Subject { endpoint: sender }, Subject { endpoint: receiver });
+    pair::cached(&ctx, &sender, &receiver) || allows(&ctx, &sender, POLICY_DIRECTION_EGRESS, pair::FROM_POD)
 }
 
 /// Reads the packet's key for a check of `subject` in `direction`; false for a packet no policy
@@ -220,8 +261,25 @@ fn count(slot: u32, allowed: bool) {
 /// A packet an ingress-isolated pod sends to the node's stack (`from_pod`): remembered with
 /// `POLICY_FLOW_VIA_STACK`, so that its replies, which the stack may translate back (from a
 /// Service address), come in. Its egress verdict is taken where the stack forwards it.
-#[inline(never)]
+#[inline(always)]
 pub fn note_via_stack(ctx: &TcContext, subject: &Subject) {
+    policy_note_via_stack(ctx.skb.skb, subject.endpoint);
+}
+
+/// [`note_via_stack`] as a BPF global function, verified once per program (see
+/// [`policy_allows`]); returns 0.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn policy_note_via_stack(skb: *mut __sk_buff, endpoint: *const PolicyEndpoint) -> u32 {
+    // SAFETY: a `POLICY_ENDPOINTS` value, valid while this program runs, or null.
+    if let Some(endpoint) = unsafe { endpoint.as_ref() } {
+        note(&TcContext::new(skb), &Subject { endpoint });
+    }
+    0
+}
+
+#[inline(always)]
+fn note(ctx: &TcContext, subject: &Subject) {
     let Some(s) = scratch::get() else { return };
     // SAFETY: this CPU's scratch value, used by this program run alone.
     let s = unsafe { &mut *s };
