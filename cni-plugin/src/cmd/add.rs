@@ -148,6 +148,8 @@ impl Setup<'_> {
             .ok_or_else(|| gone(&self.env.ifname))?;
         if has_ipv6 {
             self.ipv6_settings(&host_ifname)?;
+        } else {
+            no_ipv6_on_host(&host_ifname);
         }
         // Root qdisc while the veth is down: grafting one onto a running device deactivates it
         // first, which waits for an RCU grace period and for its queues to drain.
@@ -319,6 +321,18 @@ impl Setup<'_> {
             .run(|| sysctl::apply(ifname, &sysctl::POD))
             .cni(ErrorCode::IO, "cannot enter the pod's network namespace")?
             .map_err(no_ipv6)
+    }
+}
+
+/// IPv6 off on the host veth of a pod that has none (`sysctl::HOST_NO_IPV6` says why), before
+/// it comes up. Nothing depends on it: on a node without IPv6 there is nothing to turn off, and
+/// where it cannot be written the veth just keeps its link-local address, as before.
+fn no_ipv6_on_host(host_ifname: &str) {
+    match sysctl::apply(host_ifname, &sysctl::HOST_NO_IPV6) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            log::warn!("cannot turn IPv6 off on {host_ifname} (DEL then walks the node's IPv6 routes): {e}")
+        }
+        _ => {}
     }
 }
 
