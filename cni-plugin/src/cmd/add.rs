@@ -22,6 +22,7 @@ use crate::{
     fault,
     ipam::{Allocation, Ipam},
     net::{
+        local_link,
         netlink::{Netlink, format_mac},
         netns::Netns,
         sysctl,
@@ -135,8 +136,9 @@ impl Setup<'_> {
         // while the veth is down costs no deactivation (`limit_bandwidth` below). It goes with
         // the veth.
         crate::bpf::add_clsact(&host_ifname)?;
+        // By ioctl: a host veth's RTM_GETLINK answer grows with the node's pods (`local_link`).
         let host =
-            self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
+            local_link::by_name(&host_ifname).cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
         let alias =
             attachment::alias(&self.conf.name, &self.env.container_id, &self.env.ifname, &self.request.bandwidth);
         self.node.set_alias(host.index, &alias).await.cni(ErrorCode::IO, "cannot label the host veth")?;
@@ -193,6 +195,9 @@ impl Setup<'_> {
         Datapath::mount_bpffs(&root)?;
         self.datapath_reached.set(true);
         let datapath = Datapath::lock(&root, &self.conf.name)?;
+        if !datapath.is_loaded() {
+            settings.warn_about_node();
+        }
         datapath.ensure_loaded(&settings, self.node).await?;
         let bandwidth = &self.request.bandwidth;
         // Every datapath this build attaches to, the previous layout's (5b4a135, 52899e9) too,
