@@ -42,6 +42,8 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
         first_err.get_or_insert(CniError::new(ErrorCode::IO, "cannot delete the egress limit's IFB").with_details(e));
     }
     let root = conf.bpffs_root();
+    // Whether this was the network's last attachment (its datapath went with it).
+    let mut last = false;
     if datapath && root.exists() {
         let owner = attachment.cookie();
         match Datapath::lock(&root, &conf.name) {
@@ -55,8 +57,9 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
                         first_err.get_or_insert(e);
                     }
                 }
-                if let Err(e) = dp.remove_if_unused(node).await {
-                    first_err.get_or_insert(e);
+                match dp.remove_if_unused(node).await {
+                    Ok(removed) => last = removed,
+                    Err(e) => drop(first_err.get_or_insert(e)),
                 }
             }
             Err(e) => drop(first_err.get_or_insert(e)),
@@ -64,6 +67,9 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
     }
     fault::point("del:after-datapath");
     if let Err(e) = ipam.release(env) {
+        first_err.get_or_insert(e);
+    }
+    if last && let Err(e) = ipam.drop_spares() {
         first_err.get_or_insert(e);
     }
     first_err.map_or(Ok(()), Err)

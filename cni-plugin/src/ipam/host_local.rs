@@ -118,6 +118,13 @@ impl HostLocal {
         store.remove_leftovers(false).map(drop)
     }
 
+    pub fn drop_spares(&self) -> CniResult<()> {
+        let store = Store::lock(&self.data_dir, &self.network)?;
+        store
+            .drop_spares()
+            .map_err(|e| CniError::new(ErrorCode::IO, "cannot remove IPAM's spare files").with_details(e))
+    }
+
     /// The addresses the attachment's record names (`record.rs`); None without one.
     pub fn recorded(&self, id: &str, ifname: &str) -> CniResult<Option<Vec<IpAddr>>> {
         Ok(Store::lock(&self.data_dir, &self.network)?.recorded(id, ifname))
