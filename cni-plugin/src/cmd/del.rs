@@ -42,8 +42,6 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
         first_err.get_or_insert(CniError::new(ErrorCode::IO, "cannot delete the egress limit's IFB").with_details(e));
     }
     let root = conf.bpffs_root();
-    // Whether this was the network's last attachment (its datapath went with it).
-    let mut last = false;
     if datapath && root.exists() {
         let owner = attachment.cookie();
         match Datapath::lock(&root, &conf.name) {
@@ -57,9 +55,8 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
                         first_err.get_or_insert(e);
                     }
                 }
-                match dp.remove_if_unused(node).await {
-                    Ok(removed) => last = removed,
-                    Err(e) => drop(first_err.get_or_insert(e)),
+                if let Err(e) = dp.remove_if_unused(node).await {
+                    first_err.get_or_insert(e);
                 }
             }
             Err(e) => drop(first_err.get_or_insert(e)),
@@ -69,7 +66,11 @@ pub async fn teardown(env: &CniEnv, conf: &NetConf, ipam: &Ipam, node: &Netlink,
     if let Err(e) = ipam.release(env) {
         first_err.get_or_insert(e);
     }
-    if last && let Err(e) = ipam.drop_spares() {
+    // No pins of the network left: its last attachment is gone (or it never had one), and
+    // IPAM's spare files go too, so that a node without pods keeps nothing of it.
+    if !crate::bpf::Pins::current(&root, &conf.name).network_dir().exists()
+        && let Err(e) = ipam.drop_spares()
+    {
         first_err.get_or_insert(e);
     }
     first_err.map_or(Ok(()), Err)

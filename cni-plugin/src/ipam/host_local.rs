@@ -180,6 +180,10 @@ impl HostLocal {
                 Err(e) => drop(first_err.get_or_insert(e)),
             }
         }
+        // Spares only speed up churn: GC, rare, leaves none.
+        if let Err(e) = store.drop_spares() {
+            first_err.get_or_insert(CniError::new(ErrorCode::IO, "cannot remove IPAM's spare files").with_details(e));
+        }
         first_err.map_or(Ok(stale), Err)
     }
 

@@ -9,8 +9,9 @@
 //!
 //! At most [`KEPT`] spares: each goes to a slot picked by its name (a second one in a slot
 //! replaces the first). They name no address and hold no holder, so readers of host-local's
-//! layout pass over them, and the leftover cleanup (`.name.tmp` only) leaves them. The last
-//! attachment's DEL removes them (`drop_spares`), so that a node without pods keeps nothing.
+//! layout pass over them, and the leftover cleanup (`.name.tmp` only) leaves them. A DEL that
+//! leaves the network without pins (its last attachment) and every GC remove them
+//! (`drop_spares`), so that a node without pods keeps nothing.
 use std::{
     fs::{self, File, OpenOptions},
     hash::{Hash as _, Hasher as _},
