@@ -64,6 +64,7 @@ impl Preload {
                 return Ok(false);
             }
             let settings = Settings::resolve(&self.conf, self.pods_v4, self.pods_v6, &node).await?;
+            settings.warn_about_node();
             datapath.ensure_loaded(&settings, &node).await?;
             Ok(true)
         })

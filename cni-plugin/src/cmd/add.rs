@@ -22,6 +22,7 @@ use crate::{
     fault,
     ipam::{Allocation, Ipam},
     net::{
+        local_link,
         netlink::{Netlink, format_mac},
         netns::Netns,
         sysctl,
@@ -135,8 +136,9 @@ impl Setup<'_> {
         // while the veth is down costs no deactivation (`limit_bandwidth` below). It goes with
         // the veth.
         crate::bpf::add_clsact(&host_ifname)?;
+        // By ioctl: a host veth's RTM_GETLINK answer grows with the node's pods (`local_link`).
         let host =
-            self.node.link(&host_ifname).await.cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
+            local_link::by_name(&host_ifname).cni(ErrorCode::IO, "host veth")?.ok_or_else(|| gone(&host_ifname))?;
         let alias =
             attachment::alias(&self.conf.name, &self.env.container_id, &self.env.ifname, &self.request.bandwidth);
         self.node.set_alias(host.index, &alias).await.cni(ErrorCode::IO, "cannot label the host veth")?;
@@ -148,6 +150,8 @@ impl Setup<'_> {
             .ok_or_else(|| gone(&self.env.ifname))?;
         if has_ipv6 {
             self.ipv6_settings(&host_ifname)?;
+        } else {
+            no_ipv6_on_host(&host_ifname);
         }
         // Root qdisc while the veth is down: grafting one onto a running device deactivates it
         // first, which waits for an RCU grace period and for its queues to drain.
@@ -191,6 +195,9 @@ impl Setup<'_> {
         Datapath::mount_bpffs(&root)?;
         self.datapath_reached.set(true);
         let datapath = Datapath::lock(&root, &self.conf.name)?;
+        if !datapath.is_loaded() {
+            settings.warn_about_node();
+        }
         datapath.ensure_loaded(&settings, self.node).await?;
         let bandwidth = &self.request.bandwidth;
         // Every datapath this build attaches to, the previous layout's (5b4a135, 52899e9) too,
@@ -319,6 +326,18 @@ impl Setup<'_> {
             .run(|| sysctl::apply(ifname, &sysctl::POD))
             .cni(ErrorCode::IO, "cannot enter the pod's network namespace")?
             .map_err(no_ipv6)
+    }
+}
+
+/// IPv6 off on the host veth of a pod that has none (`sysctl::HOST_NO_IPV6` says why), before
+/// it comes up. Nothing depends on it: on a node without IPv6 there is nothing to turn off, and
+/// where it cannot be written the veth just keeps its link-local address, as before.
+fn no_ipv6_on_host(host_ifname: &str) {
+    match sysctl::apply(host_ifname, &sysctl::HOST_NO_IPV6) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            log::warn!("cannot turn IPv6 off on {host_ifname} (DEL then walks the node's IPv6 routes): {e}")
+        }
+        _ => {}
     }
 }
 

@@ -4,6 +4,7 @@ mod delegate;
 mod host_local;
 mod range;
 mod record;
+mod spares;
 mod store;
 
 use std::net::IpAddr;
@@ -66,6 +67,15 @@ impl Ipam {
         match self {
             Self::HostLocal(h) => h.release(&env.container_id, &env.ifname),
             Self::Delegated(d) => d.del(env),
+        }
+    }
+
+    /// Removes the spare files the built-in allocator keeps (`spares.rs`): the network's last
+    /// attachment is gone.
+    pub fn drop_spares(&self) -> CniResult<()> {
+        match self {
+            Self::HostLocal(h) => h.drop_spares(),
+            Self::Delegated(_) => Ok(()),
         }
     }
 

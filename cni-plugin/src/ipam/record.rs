@@ -53,7 +53,7 @@ impl Store {
 
     /// Removes the attachment's record, if any.
     pub fn forget(&self, id: &str, ifname: &str) -> CniResult<()> {
-        match fs::remove_file(self.record_path(id, ifname)) {
+        match self.retire(&self.record_path(id, ifname)) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(e).cni(ErrorCode::IO, "cannot remove a record"),
             _ => Ok(()),
         }

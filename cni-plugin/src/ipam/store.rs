@@ -5,7 +5,8 @@
 //! or renamed into place); `last_reserved_ip.<set>` is overwritten in place (a torn one only
 //! restarts round-robin). Torn files left by anyone else are detected and repaired under the
 //! lock. Beside them, `attachments/` records which addresses each attachment holds
-//! (`record.rs`).
+//! (`record.rs`), and `.aside/` keeps the inodes of released files for the next ones
+//! (`spares.rs`).
 use std::{
     fs::{self, File, OpenOptions},
     io::{ErrorKind, Write},
@@ -25,7 +26,7 @@ const TEMP_SUFFIX: &str = ".tmp";
 /// Where files are written aside: a directory of its own, empty but for a crashed writer's
 /// leftovers, so that DEL finds those without listing every reservation. (Earlier builds wrote
 /// aside beside the reservations; GC removes what they left there.)
-const ASIDE: &str = ".aside";
+pub(super) const ASIDE: &str = ".aside";
 
 pub struct Store {
     pub(super) dir: PathBuf,
@@ -62,7 +63,9 @@ impl Store {
         if linked.as_ref().is_err_and(|e| e.kind() == ErrorKind::AlreadyExists) && self.remove_if_torn(ip) {
             linked = fs::hard_link(&aside, &path);
         }
-        let _ = fs::remove_file(&aside);
+        // Linked, the name aside goes and the inode stays the reservation's; not linked, it is
+        // kept as a spare (`spares.rs`).
+        let _ = if linked.is_ok() { fs::remove_file(&aside) } else { self.retire(&aside) };
         match linked {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
@@ -94,7 +97,7 @@ impl Store {
     /// every reader (not an address) and removed by [`Self::remove_leftovers`].
     pub(super) fn write_aside(&self, name: &str, content: &str) -> CniResult<PathBuf> {
         let path = self.dir.join(ASIDE).join(format!(".{name}.{}{TEMP_SUFFIX}", std::process::id()));
-        let mut file = File::create(&path).cni(ErrorCode::IO, format!("cannot write {}", path.display()))?;
+        let mut file = self.create_aside(&path).cni(ErrorCode::IO, format!("cannot write {}", path.display()))?;
         file.write_all(content.as_bytes()).cni(ErrorCode::IO, format!("cannot write {}", path.display()))?;
         Ok(path)
     }
@@ -204,7 +207,7 @@ impl Store {
     }
 
     pub fn remove(&self, ip: IpAddr) -> CniResult<()> {
-        match fs::remove_file(self.dir.join(ip.to_string())) {
+        match self.retire(&self.dir.join(ip.to_string())) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(e).cni(ErrorCode::IO, format!("cannot release {ip}")),
             _ => Ok(()),
         }

@@ -1,5 +1,6 @@
 //! Interfaces, addresses and routes (rtnetlink), and namespace switching.
 pub mod ifb;
+pub mod local_link;
 pub mod netlink;
 pub mod netns;
 pub mod qdisc;

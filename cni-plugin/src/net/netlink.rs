@@ -197,32 +197,47 @@ impl Netlink {
 
     /// `dst via gw dev index`, or `dst dev index scope link` when there is no gateway.
     pub async fn add_route(&self, dst: IpNetwork, gw: Option<IpAddr>, index: u32) -> Result<()> {
-        let message = match (dst, gw) {
-            (IpNetwork::V4(net), gw) => {
-                let builder = RouteMessageBuilder::<Ipv4Addr>::new()
-                    .destination_prefix(net.network(), net.prefix())
-                    .output_interface(index);
-                match gw {
-                    Some(IpAddr::V4(gw)) => builder.gateway(gw),
-                    Some(IpAddr::V6(gw)) => return Err(anyhow!("route {dst} via {gw}: an IPv6 gateway")),
-                    None => builder.scope(RouteScope::Link),
-                }
-                .build()
-            }
-            (IpNetwork::V6(net), gw) => {
-                let builder = RouteMessageBuilder::<Ipv6Addr>::new()
-                    .destination_prefix(net.network(), net.prefix())
-                    .output_interface(index);
-                match gw {
-                    Some(IpAddr::V6(gw)) => builder.gateway(gw),
-                    Some(IpAddr::V4(gw)) => return Err(anyhow!("route {dst} via {gw}: an IPv4 gateway")),
-                    None => builder.scope(RouteScope::Link),
-                }
-                .build()
-            }
-        };
+        let message = route_message(dst, gw, index)?;
         self.handle.route().add(message).execute().await.with_context(|| format!("adding route {dst}"))
     }
+
+    /// Deletes the route [`Self::add_route`] added with the same arguments; one that is not
+    /// there is not an error.
+    pub async fn delete_route(&self, dst: IpNetwork, gw: Option<IpAddr>, index: u32) -> Result<()> {
+        let message = route_message(dst, gw, index)?;
+        match self.handle.route().del(message).execute().await {
+            Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code().abs() == libc::ESRCH => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            other => other.with_context(|| format!("deleting route {dst}")),
+        }
+    }
+}
+
+fn route_message(dst: IpNetwork, gw: Option<IpAddr>, index: u32) -> Result<RouteMessage> {
+    Ok(match (dst, gw) {
+        (IpNetwork::V4(net), gw) => {
+            let builder = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(net.network(), net.prefix())
+                .output_interface(index);
+            match gw {
+                Some(IpAddr::V4(gw)) => builder.gateway(gw),
+                Some(IpAddr::V6(gw)) => return Err(anyhow!("route {dst} via {gw}: an IPv6 gateway")),
+                None => builder.scope(RouteScope::Link),
+            }
+            .build()
+        }
+        (IpNetwork::V6(net), gw) => {
+            let builder = RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(net.network(), net.prefix())
+                .output_interface(index);
+            match gw {
+                Some(IpAddr::V6(gw)) => builder.gateway(gw),
+                Some(IpAddr::V4(gw)) => return Err(anyhow!("route {dst} via {gw}: an IPv4 gateway")),
+                None => builder.scope(RouteScope::Link),
+            }
+            .build()
+        }
+    })
 }
 
 impl Netlink {

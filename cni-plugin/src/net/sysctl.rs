@@ -13,6 +13,12 @@ pub const POD: [(&str, &str); 4] =
 /// Host side: its link-local address usable at once, so the node resolves the pod at once.
 pub const HOST: [(&str, &str); 2] = [("accept_dad", "0"), ("accept_ra", "0")];
 
+/// Host side of a pod without IPv6: none at all. Its link-local address would add two routes
+/// (and the multicast route) to the node's IPv6 table per pod, and the kernel walks that whole
+/// table whenever an interface goes (`rt6_sync_down_dev`): every DEL would cost more the more
+/// pods the node has.
+pub const HOST_NO_IPV6: [(&str, &str); 1] = [("disable_ipv6", "1")];
+
 pub fn apply(ifname: &str, settings: &[(&str, &str)]) -> io::Result<()> {
     for (key, value) in settings {
         let path = format!("/proc/sys/net/ipv6/conf/{ifname}/{key}");

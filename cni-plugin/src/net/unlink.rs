@@ -20,7 +20,7 @@ use rtnetlink::{
     sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE},
 };
 
-use super::netlink::Netlink;
+use super::{local_link, netlink::Netlink};
 
 /// How long the link may stay listed before DEL reports it stuck.
 const GONE_WITHIN: Duration = Duration::from_secs(10);
@@ -28,9 +28,10 @@ const POLL: Duration = Duration::from_micros(250);
 
 impl Netlink {
     /// Deletes a link of this connection's namespace (the calling process's own: the helper
-    /// inherits it); a link that does not exist is not an error.
+    /// inherits it, and the link is looked up there by ioctl, see `local_link`); a link that
+    /// does not exist is not an error.
     pub async fn delete_link(&self, name: &str) -> Result<()> {
-        if self.link(name).await?.is_none() {
+        if local_link::by_name(name)?.is_none() {
             return Ok(());
         }
         let request = del_link_request(name);
@@ -52,7 +53,7 @@ impl Netlink {
                 WaitStatus::Signaled(_, signal, _) => bail!("the helper deleting {name} died of {signal}"),
                 _ => {}
             }
-            if self.link(name).await?.is_none() {
+            if local_link::by_name(name)?.is_none() {
                 return Ok(());
             }
             if started.elapsed() > GONE_WITHIN {
