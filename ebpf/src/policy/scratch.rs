@@ -58,6 +58,14 @@ pub struct Scratch {
     pub pair_pending: u8,
     /// The check's `pairing` (`verdict::allows`).
     pub pairing: u8,
+    /// `from_pod`'s check allowed a new flow whose entries (`flow`, for `key`) wait for the
+    /// receiver's check: the pair entry stands for both (`pair.rs`).
+    pub deferred: u8,
+    /// `key` holds this packet's tuple, read by `pair::cached` for `from_pod`'s check.
+    pub parsed: u8,
+    /// What `budget::admit` is asked for: entries, and the direction that pays.
+    pub budget_entries: u8,
+    pub budget_direction: u8,
     pub pad: [u8; 1],
     /// The flow's key in `pair.rs`'s orientation.
     pub pair_key: FlowKey,
