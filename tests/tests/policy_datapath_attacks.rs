@@ -303,6 +303,52 @@ fn one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache() {
     }
 }
 
+/// Flows between two subjects of this node cost one entry each (the pair entry), paid from the
+/// opener's egress budget: a flood of them is bounded the same way, and over the budget each
+/// flow is still judged by both pods' rules (allowed ones delivered, others dropped).
+#[test]
+fn a_flood_of_flows_between_two_subjects_is_bounded_and_still_judged() {
+    let test = "a_flood_of_flows_between_two_subjects_is_bounded_and_still_judged";
+    let Some(mut tb) = Testbed::for_test(test, "polbp", "10.222.3.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    // a may send UDP to b on port 53; b lets UDP from a in, on port 53 only.
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 0, 1);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, Some(53), 1);
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 2, 0);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, UDP, Some(53), 2);
+
+    let entries = POLICY_NEW_ENTRIES_PER_SECOND as usize;
+    let flood = 2 * entries;
+    let frames: Vec<Vec<u8>> = (0..flood).map(|i| udp_ports(a, b.ip, (10_000 + i as u16, 53))).collect();
+    let started = Instant::now();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, frames).unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed flow over the budget was dropped");
+    let pairs = pair_keys(&policy).len();
+    let budget = entries + (entries as f64 * (elapsed + 0.02)) as usize;
+    eprintln!("{pairs} pair entries after {flood} flows in {elapsed:.2} s (budget {budget})");
+    assert!(pairs <= budget, "{pairs} pair entries after {flood} flows in {elapsed:.2} s");
+    assert!(pairs >= entries - 1, "a's budget was not used: {pairs}");
+    assert!(pairs < flood, "the flood was never over the budget");
+    assert_eq!(policy.all_flows().len(), pairs, "the pods got entries of their own beside the pair entries");
+    // Over the budget: a's egress still judged (b:54, no rule), b's ingress too.
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 54)));
+    assert_eq!(verdict, TC_ACT_SHOT, "a → b:54: no rule");
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, Some(55), 1);
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 55)));
+    assert_eq!(verdict, TC_ACT_SHOT, "a → b:55: b lets it not in");
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 53)));
+    assert_eq!(verdict, TC_ACT_REDIRECT, "a → b:53 over the budget");
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
 /// An ICMP error from `from` to `to` (type, code) quoting `quoted` (an IPv4 packet).
 fn icmp_error(from: &Attached, to: Ipv4Addr, kind: (u8, u8), quoted: &[u8]) -> Vec<u8> {
     let icmp = [&[kind.0, kind.1, 0, 0, 0, 0, 0x05, 0xdc][..], &quoted[..28]].concat();
