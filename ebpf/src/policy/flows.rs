@@ -119,7 +119,6 @@ pub fn keep(s: &mut Scratch) {
         }
     }
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
-    s.kept = 1;
     s.flow.flags ^= POLICY_FLOW_ORIGINAL;
     tuple::turn(s);
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));

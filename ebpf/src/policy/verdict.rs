@@ -90,7 +90,6 @@ fn start(ctx: &TcContext, s: &mut Scratch, subject: &Subject, direction: u8, par
     }
     s.subject = *subject.endpoint;
     s.direction = direction;
-    s.kept = 0;
     tuple::own(s, direction == POLICY_DIRECTION_EGRESS);
     true
 }
@@ -153,7 +152,6 @@ fn cached(s: &mut Scratch) -> bool {
     }
     // SAFETY: as above.
     unsafe { flows::touch(entry, now, tuple::closes(s)) };
-    s.kept = 1;
     true
 }
 
