@@ -5,17 +5,18 @@
 //! explains for masquerading).
 //!
 //! The rate, against the table: a flow between two subjects of this node costs one entry (its
-//! pair entry, paid by the opener: `pair.rs`), any other flow two (its subject's, each
-//! direction). A pod at full tilt both ways writes at most 2 × 16,384 entries a second, so that
-//! alone it needs 8 s to write as many entries as the table's 262,144 (7 s from two full
-//! buckets). The kernel's LRU gives an entry looked up since its last pass another round, so
-//! a flow with a packet every few seconds keeps its entry through one pod's churn; an idle one
-//! that is pushed out is judged again on its next packet (TCP in its own direction or as a
-//! reply, UDP in its own direction). And the rate is above what one pod opens when it opens
-//! connections as fast as it can: one client thread, one connection at a time, makes ~15,000
-//! pod → pod connections a second on the bench's VM, each one entry. The earlier 1,000 flows a
-//! second (2 entries each) left 93 % of those flows unremembered, every packet of them judged
-//! in full (bench/results/2026-11-28-policy.md: 0.93× the connections without policy).
+//! pair entry, paid by the opener: `pair.rs`; nothing when its key is there already and is
+//! written over in place), any other flow two (its subject's, each direction). A pod at full
+//! tilt both ways writes at most 2 × 16,384 entries a second, so that alone it needs 8 s to
+//! write as many entries as the table's 262,144 (7 s from two full buckets). The kernel's LRU
+//! gives an entry looked up since its last pass another round, so a flow with a packet every
+//! few seconds keeps its entry through one pod's churn; an idle one that is pushed out is
+//! judged again on its next packet (TCP in its own direction or as a reply, UDP in its own
+//! direction). And the rate is above what one pod opens when it opens connections as fast as
+//! it can: one client thread, one connection at a time, makes ~15,000 pod → pod connections
+//! a second on the bench's VM, each one entry. The earlier 1,000 flows a second per pod and
+//! direction left 93 % of those flows unremembered, every packet of them judged in full
+//! (bench/results/2026-11-28-policy.md: 0.93× the connections without policy).
 //! Many pods churning at once are bounded only by their sum, as conntrack's table is.
 //!
 //! The bucket is GCRA's form: one time per direction, when the bucket is full again; an entry
