@@ -52,7 +52,8 @@ impl Flow {
 
 /// One flow's figures: with policies against none (`EbpfCni` = 1,000 policies, `NoPolicy`),
 /// when the build has NetworkPolicy; and without policy (`EbpfCni` = this build, `Previous`).
-/// Values in the order of [`measure`]'s: p50, p99, conn/s, and for pod → pod `from_pod`'s ns.
+/// Values in the order of [`measure`]'s: p50, p99, conn/s, and for pod → pod `from_pod`'s ns
+/// (an ACK, a SYN).
 struct Figures {
     policies: Option<Vec<Figure>>,
     none: Vec<Figure>,
@@ -70,6 +71,8 @@ impl Figures {
             ];
             if flow == Flow::PodToPod {
                 let name = "from_pod per packet, an established flow's ACK (BPF_PROG_TEST_RUN)";
+                all.push(Figure::new(section, name, "ns", Lower));
+                let name = "from_pod per packet, a new connection's SYN (BPF_PROG_TEST_RUN)";
                 all.push(Figure::new(section, name, "ns", Lower));
             }
             all.into_iter().map(Figure::own_columns).collect::<Vec<_>>()
@@ -129,15 +132,19 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                 let mut values = measure(s, &mut pair, *flow)?.to_vec();
                 if *flow == Flow::PodToPod {
                     values.push(policy_cost::from_pod_ack(&pair)?);
+                    values.push(policy_cost::from_pod_syn(&pair)?);
                 }
+                let per_packet = match values.get(3..5) {
+                    Some([ack, syn]) => format!(", from_pod ACK {ack:.0} ns, SYN {syn:.0} ns"),
+                    _ => String::new(),
+                };
                 eprintln!(
-                    "policy round {round} {:20} {:22}: TCP RTT p50 {:.1} µs, p99 {:.1} µs, {:.0} conn/s{}",
+                    "policy round {round} {:20} {:22}: TCP RTT p50 {:.1} µs, p99 {:.1} µs, {:.0} conn/s{per_packet}",
                     state.name(),
                     flow.name(),
                     values[0],
                     values[1],
                     values[2],
-                    values.get(3).map_or(String::new(), |ns| format!(", from_pod {ns:.0} ns"))
                 );
                 figures.record(state, &values);
             }

@@ -155,13 +155,15 @@ pub struct PolicyCount {
 /// Slots of `POLICY_COUNTS`: the agent gives each policy one (slot 0: none, e.g. a flow allowed
 /// from the node itself). 16 Ki × 16 bytes per CPU.
 pub const POLICY_SLOTS: u32 = 16_384;
-/// New flows one pod may have `POLICY_FLOWS` remember per second and direction (flows it
-/// opens; flows opened to it): its share of the table is bounded, so that one pod opening
-/// allowed flows without end cannot cycle the LRU and make it forget the other pods' flows.
-/// A flow over the budget is judged and let through as any other, but not remembered: each of
-/// its packets is judged again (TCP's replies by the reply rule); a UDP flow's replies then
-/// need the other side's rules. At this rate one pod needs over a minute to cycle the table.
-pub const POLICY_NEW_FLOWS_PER_SECOND: u32 = 1_000;
+/// `POLICY_FLOWS` entries one pod may have written per second and direction (flows it opens;
+/// flows opened to it), and at once (a token bucket): its share of the table is bounded, so
+/// that one pod opening allowed flows without end cannot cycle the LRU and make it forget the
+/// other pods' flows. A flow costs one entry between two subjects of this node (the pair
+/// entry), two otherwise. A flow over the budget is judged and let through as any other, but
+/// not remembered: each of its packets is judged again (TCP's replies by the reply rule); a
+/// UDP flow's replies then need the other side's rules. At this rate one pod needs 8 s to
+/// write a table's worth of entries both ways (the argument: the datapath's `budget.rs`).
+pub const POLICY_NEW_ENTRIES_PER_SECOND: u32 = 16_384;
 
 /// Capacity of `POLICY_FLOWS` (two entries per flow).
 pub const POLICY_FLOWS_MAX_ENTRIES: u32 = 262_144;

@@ -316,7 +316,14 @@ fn from_pod_cost() {
     let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, tcp_frame(a, b.ip, (40_000, 8080), 0x02));
     assert_eq!(verdict, prog_run::TC_ACT_REDIRECT, "the SYN was not delivered");
     println!("from_pod, both isolated, TCP ACK: {:?}", per_packet(&tb, ack));
-    println!("from_pod, both isolated, TCP SYN: {:?}", per_packet(&tb, tcp_frame(a, b.ip, (40_000, 8080), 0x02)));
+    // Runs few enough that the SYNs' entries stay within a's budget (`budget.rs`): each run
+    // writes what a new connection writes.
+    let syn = tcp_frame(a, b.ip, (40_000, 8080), 0x02);
+    let mut best = Duration::MAX;
+    for _ in 0..7 {
+        best = best.min(prog_run::time(&tb, "from_pod", &a.host_ifname, syn.clone(), 1_000).unwrap().1);
+    }
+    println!("from_pod, both isolated, TCP SYN: {best:?}");
     policy.subject(a.ip, A, 0, 0, 0);
     policy.subject(b.ip, B, 0, 0, 0);
     println!("from_pod, no policy again: {:?}", per_packet(&tb, frame()));

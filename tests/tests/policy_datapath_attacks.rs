@@ -19,8 +19,8 @@ use ebpf_cni_tests::{
 use ebpf_common::{
     DropReason, FAMILY_IPV4, FlowKey, HOST_VETHS_SLOTS, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
     POLICY_EGRESS_ISOLATED, POLICY_FLOW_KEY_PAIR, POLICY_FLOW_KEY_SUBJECT_RECEIVES, POLICY_FLOW_KEY_SUBJECT_SENDS,
-    POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_FLOWS_PER_SECOND, PolicyEndpoint,
-    PolicyFlow, host_veth_slot,
+    POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_ENTRIES_PER_SECOND,
+    PolicyEndpoint, PolicyFlow, host_veth_slot,
 };
 use serde_json::json;
 
@@ -254,9 +254,10 @@ fn udp_ports(from: &Attached, to: Ipv4Addr, ports: (u16, u16)) -> Vec<u8> {
     frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
 }
 
-/// One pod opening allowed flows without end has at most `POLICY_NEW_FLOWS_PER_SECOND` of
-/// them remembered per second: the rest still pass (judged packet by packet), and the other
-/// pods' entries stay (a pod cannot cycle the LRU at that rate in less than a minute).
+/// One pod opening allowed flows without end has at most `POLICY_NEW_ENTRIES_PER_SECOND`
+/// entries remembered per second, and as many at once (a token bucket): the rest still pass
+/// (judged packet by packet), and the other pods' entries stay (one pod needs seconds to
+/// cycle the LRU at that rate).
 #[test]
 fn one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache() {
     let test = "one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache";
@@ -277,22 +278,73 @@ fn one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache() {
     let b_flows = policy.flows_of(b.ip);
     assert_eq!(b_flows, 2, "b's flow: one entry each way");
 
-    let flood = 3 * POLICY_NEW_FLOWS_PER_SECOND as usize;
+    // c is no subject: each of a's flows costs two entries of a's own.
+    let entries = POLICY_NEW_ENTRIES_PER_SECOND as usize;
+    let flood = 2 * entries;
     let frames: Vec<Vec<u8>> = (0..flood).map(|i| udp_ports(a, c.ip, (10_000 + i as u16, 53))).collect();
     let started = Instant::now();
     let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, frames).unwrap();
-    let seconds = started.elapsed().as_secs() + 1;
+    let elapsed = started.elapsed().as_secs_f64();
     assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed flow over the budget was dropped");
     let a_flows = policy.flows_of(a.ip);
-    let budget = 2 * POLICY_NEW_FLOWS_PER_SECOND as usize * seconds as usize;
-    assert!(a_flows <= budget.min(2 * flood - 2), "a has {a_flows} entries after {flood} flows in {seconds} s");
-    assert!(a_flows >= 2 * POLICY_NEW_FLOWS_PER_SECOND as usize, "a's budget was not used: {a_flows}");
+    // A full bucket, then the rate over the time the flood took (and a little for the clock's tick).
+    let budget = entries + (entries as f64 * (elapsed + 0.02)) as usize;
+    eprintln!("a: {a_flows} entries after {flood} flows in {elapsed:.2} s (budget {budget})");
+    assert!(a_flows <= budget.min(2 * flood), "a has {a_flows} entries after {flood} flows in {elapsed:.2} s");
+    assert!(a_flows >= entries - 2, "a's budget was not used: {a_flows}");
+    assert!(a_flows < 2 * flood, "the flood was never over the budget: {a_flows} entries");
     assert_eq!(policy.flows_of(b.ip), b_flows, "b's entries went");
     // Over the budget, a's flows are still judged: one to a peer no rule allows is dropped.
     let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 53)));
     assert_eq!(verdict, TC_ACT_SHOT, "a → b: no rule");
     drop(policy);
     for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// Flows between two subjects of this node cost one entry each (the pair entry), paid from the
+/// opener's egress budget: a flood of them is bounded the same way, and over the budget each
+/// flow is still judged by both pods' rules (allowed ones delivered, others dropped).
+#[test]
+fn a_flood_of_flows_between_two_subjects_is_bounded_and_still_judged() {
+    let test = "a_flood_of_flows_between_two_subjects_is_bounded_and_still_judged";
+    let Some(mut tb) = Testbed::for_test(test, "polbp", "10.222.3.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    // a may send UDP to b on port 53; b lets UDP from a in, on port 53 only.
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 0, 1);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, Some(53), 1);
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 2, 0);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, UDP, Some(53), 2);
+
+    let entries = POLICY_NEW_ENTRIES_PER_SECOND as usize;
+    let flood = 2 * entries;
+    let frames: Vec<Vec<u8>> = (0..flood).map(|i| udp_ports(a, b.ip, (10_000 + i as u16, 53))).collect();
+    let started = Instant::now();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, frames).unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed flow over the budget was dropped");
+    let pairs = pair_keys(&policy).len();
+    let budget = entries + (entries as f64 * (elapsed + 0.02)) as usize;
+    eprintln!("{pairs} pair entries after {flood} flows in {elapsed:.2} s (budget {budget})");
+    assert!(pairs <= budget, "{pairs} pair entries after {flood} flows in {elapsed:.2} s");
+    assert!(pairs >= entries - 1, "a's budget was not used: {pairs}");
+    assert!(pairs < flood, "the flood was never over the budget");
+    assert_eq!(policy.all_flows().len(), pairs, "the pods got entries of their own beside the pair entries");
+    // Over the budget: a's egress still judged (b:54, no rule), b's ingress too.
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 54)));
+    assert_eq!(verdict, TC_ACT_SHOT, "a → b:54: no rule");
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, Some(55), 1);
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 55)));
+    assert_eq!(verdict, TC_ACT_SHOT, "a → b:55: b lets it not in");
+    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_ports(a, b.ip, (9_999, 53)));
+    assert_eq!(verdict, TC_ACT_REDIRECT, "a → b:53 over the budget");
+    drop(policy);
+    for pod in 0..2 {
         tb.del(pod).unwrap();
     }
 }
@@ -387,6 +439,7 @@ fn a_pair_entry_vouches_only_for_the_pods_it_was_made_for() {
     let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
     assert_eq!(verdict, TC_ACT_REDIRECT, "an allowed flow was dropped");
     assert_eq!(pair_keys(&policy).len(), 1, "one pair entry per flow");
+    assert_eq!(policy.all_flows().len(), 1, "the pods got entries of their own beside the pair entry");
     let (verdict, _) = prog_run::run(&tb, "from_pod", &b.host_ifname, udp_frame(b, a));
     assert_eq!(verdict, TC_ACT_REDIRECT, "the reply was dropped");
     assert_eq!(pair_keys(&policy).len(), 1, "the reply made a pair entry of its own");

@@ -1,6 +1,7 @@
 //! `POLICY_FLOWS`: the verdicts of allowed flows, one entry per direction, so that each later
 //! packet of a flow, and each of its replies (UDP's too), costs one lookup. Written only for a
 //! flow some check allowed, never for a denied packet: a flood of those cannot evict anything.
+//! A flow between two subjects of this node gets one entry for both pods instead (`pair.rs`).
 //!
 //! An entry says which side allowed the flow (`POLICY_FLOW_OPENER_OK`: the opener's egress;
 //! `POLICY_FLOW_RESPONDER_OK`: the responder's ingress), so that the two checks of a flow
@@ -70,12 +71,18 @@ pub unsafe fn touch(entry: *mut PolicyFlow, now: u64, closes: bool) {
 }
 
 /// Records that `side` (`POLICY_FLOW_OPENER_OK` or `POLICY_FLOW_RESPONDER_OK`) allowed the
-/// flow of `s.key`, whose packet is the opener's (`original`) or a reply. An entry of the same
-/// flow in the same orientation keeps the other side's bit; anything else is replaced.
+/// flow of `s.key`, whose packet is the opener's (`original`) or a reply: [`prepare`], then
+/// [`keep`].
 #[inline(always)]
 pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
-    // Kept in the scratch value across the helper calls, not in registers that would spill
-    // onto the callers' stack.
+    prepare(s, original, side, slot);
+    keep(s);
+}
+
+/// The entry [`keep`] writes, in `s.flow`: kept in the scratch value across the helper calls,
+/// not in registers that would spill onto the callers' stack.
+#[inline(always)]
+pub fn prepare(s: &mut Scratch, original: bool, side: u32, slot: u32) {
     // SAFETY: plain helper call.
     s.flow = PolicyFlow {
         last_seen_ns: unsafe { bpf_ktime_get_coarse_ns() },
@@ -83,7 +90,17 @@ pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
         slot,
         flags: side | if original { POLICY_FLOW_ORIGINAL } else { 0 },
     };
-    match live(&s.key, s.flow.last_seen_ns, s.subject.owner) {
+}
+
+/// Writes the entries of `s.flow` ([`prepare`]) for both directions of `s.key`, within the
+/// subject's budget. An entry of the same flow in the same orientation keeps the other side's
+/// bit; anything else is replaced. A TCP SYN starts the flow over: whatever an entry held
+/// before is not kept, so it is not looked up either (a lookup less per new connection; a
+/// closing flag would be cleared anyway), and it pays the budget.
+#[inline(always)]
+pub fn keep(s: &mut Scratch) {
+    let existing = if tuple::opens(s) { None } else { live(&s.key, s.flow.last_seen_ns, s.subject.owner) };
+    match existing {
         Some(entry) => {
             // SAFETY: an LRU value, valid while this program runs.
             let flags = unsafe { (*entry).flags };
@@ -91,21 +108,28 @@ pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
                 s.flow.flags |= flags;
             }
         }
-        // A flow the pod already has (another side's verdict, a SYN again) costs no budget.
+        // A flow the pod already has (another side's verdict) costs no budget.
         None => {
-            if !budget::admit(s, s.flow.last_seen_ns) {
+            s.budget_owner = s.subject.owner;
+            s.budget_direction = s.direction;
+            s.budget_entries = 2;
+            if !budget::admit(s) {
                 return;
             }
         }
     }
-    // A SYN starts the connection again: not closing any more.
-    if tuple::opens(s) {
-        s.flow.flags &= !POLICY_FLOW_CLOSING;
-    }
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
-    s.kept = 1;
     s.flow.flags ^= POLICY_FLOW_ORIGINAL;
     tuple::turn(s);
     let _ = maps::POLICY_FLOWS.insert(&s.key, &s.flow, u64::from(BPF_ANY));
     tuple::turn(s);
+}
+
+/// [`keep`] for `from_pod`'s check whose entries waited for the receiver's (`pair.rs`), when
+/// the packet goes to the node's stack after all. Not inlined: `from_pod`'s frame leaves it
+/// 64 bytes.
+#[inline(never)]
+pub fn keep_deferred(s: &mut Scratch) {
+    s.deferred = 0;
+    keep(s);
 }

@@ -6,8 +6,10 @@
 //! - `identity.rs`: the peer's identity (`POLICY_IDENTITIES`).
 //! - `rules.rs`: whether an isolated subject's rules allow a new flow (`POLICY_RULES`).
 //! - `flows.rs`: the cached verdicts of allowed flows (`POLICY_FLOWS`): aging, closing.
-//! - `budget.rs`: how many new flows one pod may have remembered per second.
-//! - `pair.rs`: one lookup for both checks of a flow between two subjects of this node.
+//! - `budget.rs`: how many `POLICY_FLOWS` entries one pod may have written per second (a token
+//!   bucket per direction).
+//! - `pair.rs`: one entry and one lookup for both checks of a flow between two subjects of this
+//!   node.
 //! - `verdict.rs`: the checks themselves, and what a verdict counts and reports.
 //! - `scratch.rs`: the checks' working memory (a per-CPU map value: the callers' frames leave
 //!   them little stack).

@@ -1,29 +1,33 @@
-//! One lookup for both checks of a packet between two pods of this node that are both policy
-//! subjects: `from_pod` judges the sender's egress and `deliver::into_pod`, in the same program
-//! run, the receiver's ingress. Each check keeps its pod's own entries (`flows.rs`); once both
-//! allowed a flow and both kept it, the flow also gets one pair entry (`POLICY_FLOW_KEY_PAIR`:
-//! keyed in one orientation, the lower address and port first, so that the replies find it
-//! too; owned by the two owners XORed, so that a pod at either address that is not the one
-//! that was judged finds nothing). A later packet of the flow, either way, finds it in
-//! `from_pod`, and `from_pod` vouches to `into_pod` (in the per-CPU scratch value: a program
-//! run is never interrupted by another on its CPU) that the receiver's check is done for this
-//! packet, for that receiver (host ifindex and owner) and this sender.
+//! One entry and one lookup for both checks of a flow between two pods of this node that are
+//! both policy subjects: `from_pod` judges the sender's egress and `deliver::into_pod`, in the
+//! same program run, the receiver's ingress. Once both allowed a new flow, the flow gets one
+//! entry, the pair entry (`POLICY_FLOW_KEY_PAIR`: keyed in one orientation, the lower address
+//! and port first, so that the replies find it too; owned by the two owners XORed, so that a
+//! pod at either address that is not the one that was judged finds nothing), and neither pod
+//! gets entries of its own for it: `from_pod`'s check leaves its entries pending (`deferred`)
+//! and the receiver's writes none. A later packet of the flow, either way, finds the pair
+//! entry in `from_pod`, and `from_pod` vouches to `into_pod` (in the per-CPU scratch value: a
+//! program run is never interrupted by another on its CPU) that the receiver's check is done
+//! for this packet, for that receiver (host ifindex and owner) and this sender. The receiver's
+//! check of a new flow reuses the tuple `from_pod`'s read (the packet is the same one).
 //!
-//! Both checks passing for one packet means both pass for the flow's replies too: each check
-//! keeps its verdict for both directions (`flows.rs`). A TCP SYN never rides on the pair entry
+//! Both checks passing for one packet means both pass for the flow's replies too: each check's
+//! verdict holds for both directions (`flows.rs`). A TCP SYN never rides on the pair entry
 //! (both checks judge it, as always); an ICMP error neither (it is judged as what it quotes).
-//! The pair entry needs no budget of its own: it is written only beside the pods' entries that
-//! their budgets admitted. It ages like theirs; while it serves the flow, theirs are not
-//! touched and may age out first: when the pair entry goes too, each check judges again.
+//! The pair entry is paid from the sender's egress budget: one entry (`budget.rs`). It ages
+//! like the pods' entries; when it goes, each check judges again (a TCP segment in its own
+//! direction or as a reply; a UDP datagram in its own direction).
 //!
 //! The vouch is taken by the delivery it was made for or cleared by the next check on the CPU,
 //! whichever comes first; `from_pod` clears it itself when it sends the packet to the stack
-//! after all (`unvouch`), and never vouches for a delivery that skips the check (a pod with an
-//! egress limit at either end).
+//! after all (`unvouch`: the sender's pending entries are written then, for the checks the
+//! stack's path makes), and never vouches for a delivery that skips the check (a pod with an
+//! egress limit at either end). A receiver's check that denies leaves nothing: the packet is
+//! dropped, and the sender's verdict is not kept either.
 use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
-use ebpf_common::{POLICY_FLOW_CLOSING, POLICY_FLOW_KEY_PAIR};
+use ebpf_common::{POLICY_DIRECTION_EGRESS, POLICY_FLOW_CLOSING, POLICY_FLOW_KEY_PAIR};
 
-use super::{Subject, flows, scratch, scratch::Scratch, tuple};
+use super::{Subject, budget, flows, scratch, scratch::Scratch, tuple};
 use crate::{maps, packet};
 
 /// `verdict::allows`' `pairing`: `from_pod`'s check of a packet to a subject of this node.
@@ -33,8 +37,8 @@ pub const INTO_POD: u8 = 2;
 
 /// `Scratch::vouch`: the pair entry allowed the packet; the receiver's check is done.
 pub const VOUCHED: u8 = 1;
-/// The sender's check allowed and kept the packet's flow without the pair entry: the receiver's
-/// check, if it allows and keeps it too, writes the pair entry.
+/// The sender's check allowed the packet's flow (its entry found, or its entries pending) and
+/// no pair entry was found: the receiver's check, if it allows it too, writes the pair entry.
 pub const PENDING: u8 = 2;
 
 /// Whether the key's source (address, then port) is above its destination: the pair's key has
@@ -96,7 +100,8 @@ pub fn cached(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
     s.vouch_sender_owner = sender.endpoint.owner;
     s.vouch_receiver = receiver.endpoint.ifindex;
     s.vouch_receiver_owner = receiver.endpoint.owner;
-    if !tuple::parse(ctx, s) || s.icmp_error != 0 || tuple::opens(s) {
+    s.parsed = u8::from(tuple::parse(ctx, s));
+    if s.parsed == 0 || s.icmp_error != 0 || tuple::opens(s) {
         return false;
     }
     key(s);
@@ -117,7 +122,11 @@ pub fn vouched_for(ctx: &TcContext, s: &Scratch, receiver: &Subject) -> bool {
         && s.vouch_sender == packet::ingress_ifindex(ctx)
 }
 
-/// Writes the pair entry of the flow of `s.key`, for the vouch's pods.
+/// Writes the pair entry of the flow of `s.key`, for the vouch's pods: one entry, paid from
+/// the sender's egress budget (`budget.rs`). An entry the key already has (its ports used
+/// again: a client's next connection from the same port, the old one closing) is written over
+/// in place: no new entry, nothing evicted, so nothing to pay; and cheaper than an insert,
+/// which takes a free node of the LRU (cold memory) and gives the old one back.
 #[inline(never)]
 pub fn remember(s: &mut Scratch) {
     key(s);
@@ -125,14 +134,30 @@ pub fn remember(s: &mut Scratch) {
     s.flow.last_seen_ns = unsafe { bpf_ktime_get_coarse_ns() };
     s.flow.slot = 0;
     s.flow.flags = if tuple::closes(s) { POLICY_FLOW_CLOSING } else { 0 };
-    let _ = maps::POLICY_FLOWS.insert(&s.pair_key, &s.flow, u64::from(BPF_ANY));
+    if let Some(entry) = maps::POLICY_FLOWS.get_ptr_mut(&s.pair_key) {
+        // SAFETY: an LRU value, valid while this program runs; a reader on another CPU sees
+        // the old or the new value of each field, either of them a live entry of this flow.
+        unsafe { *entry = s.flow };
+        return;
+    }
+    s.budget_owner = s.vouch_sender_owner;
+    s.budget_direction = POLICY_DIRECTION_EGRESS;
+    s.budget_entries = 1;
+    if budget::admit(s) {
+        let _ = maps::POLICY_FLOWS.insert(&s.pair_key, &s.flow, u64::from(BPF_ANY));
+    }
 }
 
-/// `from_pod` sends the packet to the node's stack after all: no delivery takes the vouch.
+/// `from_pod` sends the packet to the node's stack after all: no delivery takes the vouch, and
+/// the sender's check writes the entries it left for the receiver's (`flows::keep_deferred`).
 #[inline(always)]
 pub fn unvouch() {
     if let Some(s) = scratch::get() {
         // SAFETY: this CPU's scratch value, used by this program run alone.
-        unsafe { (*s).vouch = 0 };
+        let s = unsafe { &mut *s };
+        if s.vouch == PENDING && s.deferred != 0 {
+            flows::keep_deferred(s);
+        }
+        s.vouch = 0;
     }
 }

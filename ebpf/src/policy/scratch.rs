@@ -48,17 +48,24 @@ pub struct Scratch {
     pub direction: u8,
     /// The packet is an ICMP error (`tuple::inner` reads the packet it is about).
     pub icmp_error: u8,
-    /// The check's verdict is in `POLICY_FLOWS` (found there, or remembered within the budget).
-    pub kept: u8,
     /// `from_pod`'s word to `deliver::into_pod` in the same program run (`pair.rs`): `VOUCHED`,
     /// `PENDING` or 0, for the packet from `vouch_sender` (host ifindex) to `vouch_receiver`
     /// of owner `vouch_receiver_owner`. Every check clears it; only that delivery takes it.
     pub vouch: u8,
-    /// `deliver::into_pod`'s check is to write the pair entry if it keeps the flow.
+    /// `deliver::into_pod`'s check is to write the pair entry, and none of its own, if it
+    /// allows the flow.
     pub pair_pending: u8,
     /// The check's `pairing` (`verdict::allows`).
     pub pairing: u8,
-    pub pad: [u8; 1],
+    /// `from_pod`'s check allowed a new flow whose entries (`flow`, for `key`) wait for the
+    /// receiver's check: the pair entry stands for both (`pair.rs`).
+    pub deferred: u8,
+    /// `key` holds this packet's tuple, read by `pair::cached` for `from_pod`'s check.
+    pub parsed: u8,
+    /// What `budget::admit` is asked for: entries, and the direction that pays.
+    pub budget_entries: u8,
+    pub budget_direction: u8,
+    pub pad: [u8; 2],
     /// The flow's key in `pair.rs`'s orientation.
     pub pair_key: FlowKey,
     pub vouch_sender: u32,

@@ -30,9 +30,10 @@ use crate::{maps, monitor};
 /// pods no policy isolates.
 ///
 /// `pairing` (`pair.rs`): `pair::FROM_POD`, `from_pod`'s check of a packet to a subject of this
-/// node that `deliver::into_pod` checks next: an allowed flow, kept, is left pending for that
-/// check; `pair::INTO_POD`, that check: it takes `from_pod`'s vouch for this packet and this
-/// receiver, if any, and writes the pair entry of a pending flow it keeps too; else 0.
+/// node that `deliver::into_pod` checks next: an allowed flow is left pending for that check,
+/// its entries with it (the pair entry stands for both checks); `pair::INTO_POD`, that check:
+/// it takes `from_pod`'s vouch for this packet and this receiver, if any, reuses the tuple
+/// `from_pod`'s check read, and writes the pair entry of a pending flow it allows too; else 0.
 #[inline(always)]
 pub fn allows(ctx: &TcContext, subject: &Subject, direction: u8, pairing: u8) -> bool {
     policy_allows(ctx.skb.skb, subject.endpoint, direction, pairing)
@@ -71,15 +72,20 @@ fn check(ctx: &TcContext, subject: &Subject, direction: u8, pairing: u8) -> bool
         }
         s.pair_pending = 1;
     }
+    // The tuple is this packet's: `pair::cached` read it for this check, or `from_pod`'s check
+    // did for this delivery.
+    let parsed = s.pair_pending != 0 || (pairing == pair::FROM_POD && s.parsed != 0);
     s.vouch = 0;
+    s.parsed = 0;
+    s.deferred = 0;
     s.pairing = pairing;
-    if !start(ctx, s, subject, direction) {
+    if !start(ctx, s, subject, direction, parsed) {
         return true;
     }
     if !finish(ctx, s) {
         return false;
     }
-    if s.kept != 0 && s.icmp_error == 0 {
+    if s.icmp_error == 0 {
         if s.pairing == pair::FROM_POD {
             s.vouch = pair::PENDING;
         } else if s.pair_pending != 0 {
@@ -115,16 +121,16 @@ pub extern "C" fn policy_allows_pair(
     pair::cached(&ctx, &sender, &receiver) || allows(&ctx, &sender, POLICY_DIRECTION_EGRESS, pair::FROM_POD)
 }
 
-/// Reads the packet's key for a check of `subject` in `direction`; false for a packet no policy
-/// judges (not IP, neighbour discovery: the callers' other checks see to it).
+/// Reads the packet's key for a check of `subject` in `direction`, unless `parsed` (the scratch
+/// value has it); false for a packet no policy judges (not IP, neighbour discovery: the
+/// callers' other checks see to it).
 #[inline(always)]
-fn start(ctx: &TcContext, s: &mut Scratch, subject: &Subject, direction: u8) -> bool {
-    if !tuple::parse(ctx, s) {
+fn start(ctx: &TcContext, s: &mut Scratch, subject: &Subject, direction: u8, parsed: bool) -> bool {
+    if !parsed && !tuple::parse(ctx, s) {
         return false;
     }
     s.subject = *subject.endpoint;
     s.direction = direction;
-    s.kept = 0;
     tuple::own(s, direction == POLICY_DIRECTION_EGRESS);
     true
 }
@@ -187,7 +193,6 @@ fn cached(s: &mut Scratch) -> bool {
     }
     // SAFETY: as above.
     unsafe { flows::touch(entry, now, tuple::closes(s)) };
-    s.kept = 1;
     true
 }
 
@@ -227,7 +232,15 @@ fn judge(ctx: &TcContext, s: &mut Scratch) -> bool {
     }
     // The subject's own side: the opener's when it sends the opener's packet or receives a reply.
     let side = if egress == original { POLICY_FLOW_OPENER_OK } else { POLICY_FLOW_RESPONDER_OK };
-    flows::remember(s, original, side, slot);
+    // A flow between two subjects of this node gets one entry, the pair entry, once the
+    // receiver's check allows it too (`pair.rs`): `from_pod`'s check leaves its entries for
+    // then, and the receiver's writes none of its own.
+    if s.pairing == pair::FROM_POD {
+        flows::prepare(s, original, side, slot);
+        s.deferred = 1;
+    } else if s.pair_pending == 0 {
+        flows::remember(s, original, side, slot);
+    }
     true
 }
 
