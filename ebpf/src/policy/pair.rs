@@ -13,7 +13,9 @@
 //!
 //! Both checks passing for one packet means both pass for the flow's replies too: each check's
 //! verdict holds for both directions (`flows.rs`). A TCP SYN never rides on the pair entry
-//! (both checks judge it, as always); an ICMP error neither (it is judged as what it quotes).
+//! (both checks judge it, as always). An ICMP error rides on the pair entry of the flow it
+//! quotes, as it would on the pods' own entries (which such a flow does not have): it passes
+//! where the flow's replies pass, and never writes anything.
 //! The pair entry is paid from the sender's egress budget: one entry (`budget.rs`). It ages
 //! like the pods' entries; when it goes, each check judges again (a TCP segment in its own
 //! direction or as a reply; a UDP datagram in its own direction).
@@ -87,9 +89,9 @@ fn key(s: &mut Scratch) {
 }
 
 /// Whether the flow of the packet from `sender` to `receiver` has a live pair entry: then
-/// `from_pod` vouches for the packet to `receiver`'s check. One that has lives on. A TCP SYN, an
-/// ICMP error, a packet no policy judges: false (the checks see to them). Not inlined, nor
-/// [`remember`]: `from_pod`'s frame leaves them 64 bytes.
+/// `from_pod` vouches for the packet to `receiver`'s check. One that has lives on. An ICMP
+/// error: the flow it quotes. A TCP SYN, a packet no policy judges: false (the checks see to
+/// them). Not inlined, nor [`remember`]: `from_pod`'s frame leaves them 64 bytes.
 #[inline(never)]
 pub fn cached(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
     let Some(s) = scratch::get() else { return false };
@@ -101,8 +103,18 @@ pub fn cached(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
     s.vouch_receiver = receiver.endpoint.ifindex;
     s.vouch_receiver_owner = receiver.endpoint.owner;
     s.parsed = u8::from(tuple::parse(ctx, s));
-    if s.parsed == 0 || s.icmp_error != 0 || tuple::opens(s) {
+    if s.parsed == 0 || tuple::opens(s) {
         return false;
+    }
+    // An ICMP error about the flow (port unreachable, fragmentation needed) passes where the
+    // flow's replies pass: keyed as the packet it quotes, whose pair entry holds both checks'
+    // verdicts (the pods have no entries of their own to find it by). The tuple read is then
+    // no longer the packet's own: the checks read it again if this misses.
+    if s.icmp_error != 0 {
+        s.parsed = 0;
+        if !quoted(ctx, s) {
+            return false;
+        }
     }
     key(s);
     // SAFETY: plain helper call.
@@ -112,6 +124,13 @@ pub fn cached(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
     unsafe { flows::touch(entry, now, tuple::closes(s)) };
     s.vouch = VOUCHED;
     true
+}
+
+/// Keys the ICMP error in `s` as the reply of the packet it quotes (`tuple::inner`). Not
+/// inlined: [`cached`]'s frame has no stack for it.
+#[inline(never)]
+fn quoted(ctx: &TcContext, s: &mut Scratch) -> bool {
+    tuple::inner(ctx, s)
 }
 
 /// Whether `from_pod`'s vouch (`s.vouch` set) is for this packet's delivery into `receiver`.

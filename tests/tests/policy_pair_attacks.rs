@@ -1,0 +1,87 @@
+//! Attacks on the pair entry (`POLICY_FLOW_KEY_PAIR`): the one entry a flow between two policy
+//! subjects of this node gets, in place of each pod's own. What the pods' own entries did for
+//! such a flow, the pair entry must do too (ICMP errors about the flow), and what it costs must
+//! be paid by the pod that makes it needed (one pod's churn must not spend another's budget).
+//! The maps are written straight from the test, as the agent would.
+use std::{net::Ipv4Addr, time::Instant};
+
+use ebpf_cni_tests::{
+    Attached, Testbed,
+    frames::{self, ethernet},
+    policy_maps::{A, B, C, Policy, TCP, UDP},
+    prog_run::{self, TC_ACT_REDIRECT, TC_ACT_SHOT},
+};
+use ebpf_common::{
+    DropReason, FlowKey, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED,
+    POLICY_FLOW_KEY_PAIR, POLICY_INGRESS_ISOLATED, POLICY_NEW_ENTRIES_PER_SECOND,
+};
+
+fn pair_keys(policy: &Policy) -> Vec<FlowKey> {
+    policy.all_flows().into_iter().filter(|k| k.pad[0] == POLICY_FLOW_KEY_PAIR).collect()
+}
+
+/// A UDP datagram `from` → `to` between the ports given, as `from_pod` gets it from `from`.
+fn udp_ports(from: &Attached, to: Ipv4Addr, ports: (u16, u16)) -> Vec<u8> {
+    let udp = [&ports.0.to_be_bytes()[..], &ports.1.to_be_bytes(), &12u16.to_be_bytes(), &[0, 0], b"flow"].concat();
+    let packet = frames::ipv4(from.ip, to, UDP, &udp);
+    frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
+}
+
+/// A TCP segment `from` → `to` between the ports given, with `flags` (`frames::tcp`), as
+/// `from_pod` gets it from `from`.
+fn tcp_ports(from: &Attached, to: Ipv4Addr, ports: (u16, u16), flags: u8) -> Vec<u8> {
+    let packet = frames::ipv4(from.ip, to, TCP, &frames::tcp(ports.0, ports.1, flags));
+    frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
+}
+
+/// An ICMP error from `from` to `to` (type, code) quoting `quoted` (an IPv4 packet).
+fn icmp_error(from: &Attached, to: Ipv4Addr, kind: (u8, u8), quoted: &[u8]) -> Vec<u8> {
+    let icmp = [&[kind.0, kind.1, 0, 0, 0, 0, 0x05, 0xdc][..], &quoted[..28]].concat();
+    let packet = frames::ipv4(from.ip, to, 1, &icmp);
+    frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
+}
+
+/// a's datagram to b, two subjects of this node: the flow gets its pair entry alone. b's stack
+/// answers with a port unreachable (or a fragmentation needed): it quotes a's flow and must pass
+/// where the flow's replies pass, as it did when each pod had its own entries (b's egress lets
+/// nothing out, a's ingress nothing in: only the flow's state lets the error through). An error
+/// about a flow a never opened still does not pass, and creates nothing.
+#[test]
+fn icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others() {
+    let test = "icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others";
+    let Some(mut tb) = Testbed::for_test(test, "polpi", "10.226.5.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    // a lets nothing in; b lets a's UDP to port 53 in and nothing out.
+    policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED | POLICY_EGRESS_ISOLATED, 2, 2);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, UDP, Some(53), 3);
+    let datagram = udp_ports(a, b.ip, (4000, 53));
+    assert_eq!(prog_run::run(&tb, "from_pod", &a.host_ifname, datagram.clone()).0, TC_ACT_REDIRECT);
+    assert_eq!(pair_keys(&policy).len(), 1, "the flow has no pair entry");
+    let quoted = &datagram[14..];
+    for kind in [(3, 3), (3, 4)] {
+        let error = icmp_error(b, a.ip, kind, quoted);
+        let verdict = prog_run::run(&tb, "from_pod", &b.host_ifname, error).0;
+        assert_eq!(verdict, TC_ACT_REDIRECT, "{kind:?} about a's flow to b was dropped");
+    }
+    // The flow's reply passes too (the pair entry is there).
+    let reply = udp_ports(b, a.ip, (53, 4000));
+    assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, reply).0, TC_ACT_REDIRECT, "the reply");
+
+    // About a flow a did not open (other ports): dropped, and nothing remembered.
+    let before = policy.all_flows().len();
+    let denied = tb.drops(DropReason::PolicyDenied).unwrap();
+    let other = udp_ports(a, b.ip, (4001, 53));
+    let error = icmp_error(b, a.ip, (3, 3), &other[14..]);
+    assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, error).0, TC_ACT_SHOT, "an unrelated error passed");
+    assert_eq!(tb.drops(DropReason::PolicyDenied).unwrap(), denied + 1);
+    assert_eq!(policy.all_flows().len(), before, "an ICMP error created state");
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
