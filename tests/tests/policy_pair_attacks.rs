@@ -85,3 +85,65 @@ fn icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others() {
         tb.del(pod).unwrap();
     }
 }
+
+/// a opens TCP connections to b (two subjects of this node) faster than its budget: past it,
+/// a's SYNs get no pair entry, and each SYN-ACK b's stack answers with finds none either; the
+/// SYN-ACK's checks allow it (b's egress is not isolated, a's ingress neither) and its pair
+/// entry is paid from b's egress budget, the sender's. So a's flood spends b's budget: b's own
+/// flows (a datagram to c, a pod no policy isolates) go unremembered, and their replies, which
+/// b's ingress does not allow on their own (UDP is judged in its own direction), are dropped.
+/// (fdf6ec4 had it too, once b's ingress budget was spent on the flows a opened to b.)
+///
+/// Not fixed: who pays for a pair entry that a packet of the flow's responder writes is a
+/// design decision. Charging the receiver of a SYN-ACK stops this vector only (b's answers to
+/// a's requests, UDP or TCP data, do the same); letting only pods with room at both ends have
+/// pair entries (tried: the sender pays, the receiver's bucket is peeked) fails as soon as the
+/// flooder has one token left, since a peek never spends it. See the report.
+#[test]
+#[ignore = "hole: a pod past its budget has its peers pay for its flows' pair entries by their answers"]
+fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
+    let test = "a_pods_flood_to_another_does_not_spend_the_others_budget";
+    let Some(mut tb) = Testbed::for_test(test, "polpd", "10.226.6.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    // a may open TCP to b; b lets a's TCP in and nothing else (its egress is not isolated).
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 0, 1);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, TCP, None, 1);
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 2, 0);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, TCP, None, 2);
+
+    let entries = POLICY_NEW_ENTRIES_PER_SECOND as usize;
+    let flood = 3 * entries;
+    let port = |i: usize| 10_000 + i as u16;
+    let syns: Vec<Vec<u8>> = (0..flood).map(|i| tcp_ports(a, b.ip, (port(i), 80), 0x02)).collect();
+    let started = Instant::now();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, syns).unwrap();
+    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed SYN was dropped");
+    let by_a = pair_keys(&policy).len();
+    // b's stack answers every SYN; b's own datagrams to c go out among the answers.
+    let own = 64;
+    let mut frames: Vec<Vec<u8>> = (0..flood).map(|i| tcp_ports(b, a.ip, (80, port(i)), 0x12)).collect();
+    frames.extend((0..own).map(|j| udp_ports(b, c.ip, (20_000 + j, 53))));
+    let verdicts = prog_run::run_each(&tb, "from_pod", &b.host_ifname, frames).unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed SYN-ACK or datagram was dropped");
+    let pairs = pair_keys(&policy).len();
+    eprintln!("{by_a} pair entries after a's {flood} SYNs, {pairs} after b's answers, in {elapsed:.2} s");
+
+    // c's replies to b's datagrams: b's own flows, within b's own budget.
+    let replies: Vec<Vec<u8>> = (0..own).map(|j| udp_ports(c, b.ip, (53, 20_000 + j))).collect();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &c.host_ifname, replies).unwrap();
+    let dropped = verdicts.iter().filter(|v| **v == TC_ACT_SHOT).count();
+    assert_eq!(dropped, 0, "{dropped} of {own} replies to b's own flows dropped: a's flood spent b's budget");
+    // And a's flood got no more pair entries than a's own budget.
+    let budget = entries + (entries as f64 * (elapsed + 0.02)) as usize;
+    assert!(pairs <= budget, "{pairs} pair entries for a's flows over {elapsed:.2} s: more than a's budget {budget}");
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
