@@ -147,3 +147,32 @@ fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
         tb.del(pod).unwrap();
     }
 }
+
+/// Forged TCP segments between two subjects of this node: a's ACK, RST, FIN and SYN-ACK to a
+/// port of b that b lets nothing into (and b's egress nothing out, so none is a reply b's rules
+/// could infer) are dropped, and leave no pair entry, nor any other, for a later packet to ride.
+#[test]
+fn forged_tcp_segments_between_two_subjects_pass_nothing_and_leave_nothing() {
+    let test = "forged_tcp_segments_between_two_subjects_pass_nothing_and_leave_nothing";
+    let Some(mut tb) = Testbed::for_test(test, "polpf", "10.226.7.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED | POLICY_EGRESS_ISOLATED, 2, 2);
+    for flags in [0x10, 0x04, 0x14, 0x11, 0x12, 0x18] {
+        let forged = tcp_ports(a, b.ip, (5000, 22), flags);
+        assert_eq!(prog_run::run(&tb, "from_pod", &a.host_ifname, forged).0, TC_ACT_SHOT, "flags {flags:#x} passed");
+    }
+    assert_eq!(policy.all_flows().len(), 0, "a forged segment created state");
+    // b's answer to them (a RST) is no reply of an allowed flow either.
+    let rst = tcp_ports(b, a.ip, (22, 5000), 0x14);
+    assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, rst).0, TC_ACT_SHOT, "b's RST passed");
+    assert_eq!(policy.all_flows().len(), 0, "a RST created state");
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
