@@ -95,7 +95,8 @@ fn icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others() {
 /// judged in its own direction), dropped. (fdf6ec4 had it too, once b's ingress budget was
 /// spent on the flows a opened to b.) a's bucket refused its entries, so a is over its budget:
 /// a packet to it other than a SYN writes no pair entry (`budget.rs`: who pays), and b pays
-/// nothing. b's own connection to a, opened meanwhile, is b's to pay for: remembered.
+/// nothing. b's own connection to a, opened meanwhile, is b's to pay for: remembered. A
+/// second after a's flood, a is no longer over.
 #[test]
 fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
     let test = "a_pods_flood_to_another_does_not_spend_the_others_budget";
@@ -152,6 +153,14 @@ fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
     // And a's flood got no more pair entries than a's own budget.
     let budget = entries + (entries as f64 * (elapsed + 0.02)) as usize;
     assert!(pairs <= budget, "{pairs} pair entries for a's flows over {elapsed:.2} s: more than a's budget {budget}");
+
+    // A second after a's last refused entry a is no longer over: b's datagram to a (which may
+    // answer or open: nothing tells) is remembered again, paid by b.
+    let before = pair_keys(&policy).len();
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    let datagram = udp_ports(b, a.ip, (20_000, 4000));
+    assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, datagram).0, TC_ACT_REDIRECT, "b's datagram to a");
+    assert_eq!(pair_keys(&policy).len(), before + 1, "a is still over a second after its flood");
     drop(policy);
     for pod in 0..3 {
         tb.del(pod).unwrap();
