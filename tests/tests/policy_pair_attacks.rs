@@ -88,19 +88,16 @@ fn icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others() {
 
 /// a opens TCP connections to b (two subjects of this node) faster than its budget: past it,
 /// a's SYNs get no pair entry, and each SYN-ACK b's stack answers with finds none either; the
-/// SYN-ACK's checks allow it (b's egress is not isolated, a's ingress neither) and its pair
-/// entry is paid from b's egress budget, the sender's. So a's flood spends b's budget: b's own
-/// flows (a datagram to c, a pod no policy isolates) go unremembered, and their replies, which
-/// b's ingress does not allow on their own (UDP is judged in its own direction), are dropped.
-/// (fdf6ec4 had it too, once b's ingress budget was spent on the flows a opened to b.)
-///
-/// Not fixed: who pays for a pair entry that a packet of the flow's responder writes is a
-/// design decision. Charging the receiver of a SYN-ACK stops this vector only (b's answers to
-/// a's requests, UDP or TCP data, do the same); letting only pods with room at both ends have
-/// pair entries (tried: the sender pays, the receiver's bucket is peeked) fails as soon as the
-/// flooder has one token left, since a peek never spends it. See the report.
+/// SYN-ACK's checks allow it (b's egress is not isolated, a's ingress neither), and its pair
+/// entry, if written, would be paid from b's egress budget, the sender's. So a's flood would
+/// spend b's budget: b's own flows (a datagram to c, a pod no policy isolates) would go
+/// unremembered, and their replies, which b's ingress does not allow on their own (UDP is
+/// judged in its own direction), dropped. (fdf6ec4 had it too, once b's ingress budget was
+/// spent on the flows a opened to b.) a's bucket refused its entries, so a is over its budget:
+/// a packet to it other than a SYN writes no pair entry (`budget.rs`: who pays), and b pays
+/// nothing. b's own connection to a, opened meanwhile, is b's to pay for: remembered. A
+/// second after a's flood, a is no longer over.
 #[test]
-#[ignore = "hole: a pod past its budget has its peers pay for its flows' pair entries by their answers"]
 fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
     let test = "a_pods_flood_to_another_does_not_spend_the_others_budget";
     let Some(mut tb) = Testbed::for_test(test, "polpd", "10.226.6.0/24") else { return };
@@ -117,22 +114,36 @@ fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
     policy.allow(B, A, POLICY_DIRECTION_INGRESS, TCP, None, 2);
 
     let entries = POLICY_NEW_ENTRIES_PER_SECOND as usize;
-    let flood = 3 * entries;
-    let port = |i: usize| 10_000 + i as u16;
-    let syns: Vec<Vec<u8>> = (0..flood).map(|i| tcp_ports(a, b.ip, (port(i), 80), 0x02)).collect();
-    let started = Instant::now();
-    let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, syns).unwrap();
-    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed SYN was dropped");
-    let by_a = pair_keys(&policy).len();
-    // b's stack answers every SYN; b's own datagrams to c go out among the answers.
+    // Enough that, without the rule, b's answers would need more than b's budget over the time.
+    let flood = 6 * entries;
+    // a's port and b's: more flows than a's ports, so b's port changes every 40,000.
+    let ports = |i: usize| (10_000 + (i % 40_000) as u16, 80 + (i / 40_000) as u16);
+    // b's stack answers each SYN a moment after it: the flood goes in rounds, a's SYNs then
+    // b's SYN-ACKs to them; b's own datagrams to c go out among the last answers.
     let own = 64;
-    let mut frames: Vec<Vec<u8>> = (0..flood).map(|i| tcp_ports(b, a.ip, (80, port(i)), 0x12)).collect();
-    frames.extend((0..own).map(|j| udp_ports(b, c.ip, (20_000 + j, 53))));
-    let verdicts = prog_run::run_each(&tb, "from_pod", &b.host_ifname, frames).unwrap();
+    let round = 2048;
+    let started = Instant::now();
+    for first in (0..flood).step_by(round) {
+        let syns: Vec<Vec<u8>> = (first..first + round).map(|i| tcp_ports(a, b.ip, ports(i), 0x02)).collect();
+        let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, syns).unwrap();
+        assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed SYN was dropped");
+        let mut frames: Vec<Vec<u8>> =
+            (first..first + round).map(|i| tcp_ports(b, a.ip, (ports(i).1, ports(i).0), 0x12)).collect();
+        if first + round >= flood {
+            frames.extend((0..own).map(|j| udp_ports(b, c.ip, (20_000 + j, 53))));
+        }
+        let verdicts = prog_run::run_each(&tb, "from_pod", &b.host_ifname, frames).unwrap();
+        assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed SYN-ACK or datagram was dropped");
+    }
     let elapsed = started.elapsed().as_secs_f64();
-    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed SYN-ACK or datagram was dropped");
     let pairs = pair_keys(&policy).len();
-    eprintln!("{by_a} pair entries after a's {flood} SYNs, {pairs} after b's answers, in {elapsed:.2} s");
+    eprintln!("{pairs} pair entries after a's {flood} SYNs and b's answers, in {elapsed:.2} s");
+
+    // b's own connection to a: its SYN pays from b's budget, a's state notwithstanding.
+    let before = pairs;
+    let syn = tcp_ports(b, a.ip, (30_000, 8080), 0x02);
+    assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, syn).0, TC_ACT_REDIRECT, "b's SYN to a");
+    assert_eq!(pair_keys(&policy).len(), before + 1, "b's own connection to a is not remembered");
 
     // c's replies to b's datagrams: b's own flows, within b's own budget.
     let replies: Vec<Vec<u8>> = (0..own).map(|j| udp_ports(c, b.ip, (53, 20_000 + j))).collect();
@@ -142,6 +153,67 @@ fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
     // And a's flood got no more pair entries than a's own budget.
     let budget = entries + (entries as f64 * (elapsed + 0.02)) as usize;
     assert!(pairs <= budget, "{pairs} pair entries for a's flows over {elapsed:.2} s: more than a's budget {budget}");
+
+    // A second after a's last refused entry a is no longer over: b's datagram to a (which may
+    // answer or open: nothing tells) is remembered again, paid by b.
+    let before = pair_keys(&policy).len();
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    let datagram = udp_ports(b, a.ip, (20_000, 4000));
+    assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, datagram).0, TC_ACT_REDIRECT, "b's datagram to a");
+    assert_eq!(pair_keys(&policy).len(), before + 1, "a is still over a second after its flood");
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// The other way round: b sends a, another subject of this node, datagrams and SYN-ACKs (forged:
+/// a never opened those connections) faster than b's budget. Their pair entries are paid by
+/// b, the sender, never by a, the receiver: a's own flows (datagrams to c, a pod no policy
+/// isolates) are remembered, and c's replies, which a's ingress does not allow on their own,
+/// come in.
+#[test]
+fn a_pods_answers_and_forgeries_to_another_spend_only_its_own_budget() {
+    let test = "a_pods_answers_and_forgeries_to_another_spend_only_its_own_budget";
+    let Some(mut tb) = Testbed::for_test(test, "polpa", "10.226.8.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    // a lets b's UDP and TCP in and nothing else; b's egress is isolated, open to a.
+    policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    policy.allow(A, B, POLICY_DIRECTION_INGRESS, UDP, None, 1);
+    policy.allow(A, B, POLICY_DIRECTION_INGRESS, TCP, None, 1);
+    policy.subject(b.ip, B, POLICY_EGRESS_ISOLATED, 0, 2);
+    policy.allow(B, A, POLICY_DIRECTION_EGRESS, UDP, None, 2);
+    policy.allow(B, A, POLICY_DIRECTION_EGRESS, TCP, None, 2);
+
+    let entries = POLICY_NEW_ENTRIES_PER_SECOND as usize;
+    let flood = 3 * entries / 2;
+    let port = |i: usize| 10_000 + i as u16;
+    let mut frames: Vec<Vec<u8>> = (0..flood).map(|i| udp_ports(b, a.ip, (53, port(i)))).collect();
+    frames.extend((0..flood).map(|i| tcp_ports(b, a.ip, (80, port(i)), 0x12)));
+    let started = Instant::now();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &b.host_ifname, frames).unwrap();
+    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed datagram or SYN-ACK was dropped");
+    // a's own datagrams to c, among b's flood.
+    let own = 64;
+    let datagrams: Vec<Vec<u8>> = (0..own).map(|j| udp_ports(a, c.ip, (20_000 + j, 53))).collect();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &a.host_ifname, datagrams).unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "a's datagram to c was dropped");
+    let pairs = pair_keys(&policy).len();
+    eprintln!("{pairs} pair entries after b's {} packets, in {elapsed:.2} s", 2 * flood);
+    let budget = entries + (entries as f64 * (elapsed + 0.02)) as usize;
+    assert!(pairs <= budget, "{pairs} pair entries for b's packets over {elapsed:.2} s: more than b's budget {budget}");
+    assert!(pairs >= entries - 1, "b's budget was not used: {pairs}");
+
+    let replies: Vec<Vec<u8>> = (0..own).map(|j| udp_ports(c, a.ip, (53, 20_000 + j))).collect();
+    let verdicts = prog_run::run_each(&tb, "from_pod", &c.host_ifname, replies).unwrap();
+    let dropped = verdicts.iter().filter(|v| **v == TC_ACT_SHOT).count();
+    assert_eq!(dropped, 0, "{dropped} of {own} replies to a's own flows dropped: b's packets spent a's budget");
     drop(policy);
     for pod in 0..3 {
         tb.del(pod).unwrap();

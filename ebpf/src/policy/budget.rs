@@ -5,7 +5,7 @@
 //! explains for masquerading).
 //!
 //! The rate, against the table: a flow between two subjects of this node costs one entry (its
-//! pair entry, paid by the opener: `pair.rs`; nothing when its key is there already and is
+//! pair entry, paid by the opener (below): `pair.rs`; nothing when its key is there already and is
 //! written over in place), any other flow two (its subject's, each direction). A pod at full
 //! tilt both ways writes at most 2 × 16,384 entries a second, so that alone it needs 8 s to
 //! write as many entries as the table's 262,144 (7 s from two full buckets). The kernel's LRU
@@ -23,6 +23,34 @@
 //! moves it on by 1/rate, and none fits when it would lie more than a bucket ahead of now.
 //! Any span of W seconds admits at most (1 + W) × 16,384 entries a direction.
 //!
+//! Who pays: a pod's buckets are spent by its own packets alone. Its own entries are paid by
+//! its own checks; a pair entry by the packet that writes it, from that packet's sender's
+//! egress bucket. The pair entry is written by the first packet of the flow that both checks
+//! allow: the opener's, unless the opener's bucket refused it; then an answer of the peer (a
+//! SYN-ACK, a UDP reply, TCP data) would write it, paid by the peer, so that a pod opening
+//! flows faster than its budget would spend its peers' budgets. Hence a pod whose egress
+//! bucket refused an entry within the last second is over ([`over`]), and while it is, no
+//! packet to it writes a pair entry, unless it is a TCP SYN: its sender opens the flow, which
+//! is its own to pay for. Any other packet of a flow without an entry (TCP without SYN, UDP,
+//! ICMP) may open it or answer it, with nothing to tell which; to a pod that is over it is
+//! taken as an answer to one of the flows that pod could not pay for. Over is a time of
+//! refusal, not a peek at the bucket: a flooder's bucket refills an entry at a time, so "has
+//! room now" holds between its packets, and every answer that came in then would be paid by
+//! the answerer (its entries' count, unbounded, against one token of the flooder's).
+//!
+//! Against a flooder: as the opener (a floods b), a's packets pay from a's bucket and, past
+//! it, a is over for as long as it floods and a second after; b's answers write nothing and
+//! b pays nothing. As the sender of anything else (b sends a answers, forged SYN-ACKs, its own
+//! flows), b pays from b's bucket; the receiver never pays. A pod cannot make another over:
+//! a bucket refuses only its own pod's entries. On two CPUs: the refusal is written before
+//! the packet is delivered, so an answer, which comes after it, sees it on any CPU. What it
+//! costs: while a pod is over, its peers' flows to it other than TCP connections (a UDP flow,
+//! a TCP segment after its entry went) are not remembered either, as its own are not: judged
+//! packet by packet, their replies by the rules of their own direction. What is left: an
+//! answer sent more than a second after the flooder's last refused entry (a server pushing
+//! data, or closing, on an idle connection the flooder opened while over) is paid by the
+//! answerer, at the answerer's own sending rate.
+//!
 //! Over the budget a flow is still judged and let through, only not remembered: each of its
 //! packets pays the full check. Dropping it instead would turn a busy pod's allowed traffic
 //! into drops; not remembering costs only the cache. Plain read-modify-writes: two CPUs
@@ -38,11 +66,16 @@ const NS_PER_ENTRY: u64 = 1_000_000_000 / POLICY_NEW_ENTRIES_PER_SECOND as u64;
 /// How far ahead of now the time may lie: a full bucket, a second's entries.
 const BURST_NS: u64 = 1_000_000_000;
 
+/// How long a pod is over its budget after its bucket refused an entry (`over`).
+const OVER_NS: u64 = 1_000_000_000;
+
 /// Value of `POLICY_BUDGETS` (not pinned: its layout is this build's).
 #[repr(C)]
 pub struct Budget {
     /// When each direction's bucket (ingress, egress) is full again.
     pub full_at_ns: [u64; 2],
+    /// When each direction's bucket last refused an entry (0: never).
+    pub refused_at_ns: [u64; 2],
 }
 
 /// Whether the pod of `s.budget_owner` may have `s.budget_entries` more entries written in
@@ -56,8 +89,10 @@ pub fn admit(s: &mut Scratch) -> bool {
     let way = usize::from(s.budget_direction == POLICY_DIRECTION_EGRESS);
     let cost = u64::from(s.budget_entries) * NS_PER_ENTRY;
     let Some(budget) = budget else {
-        s.budget = Budget { full_at_ns: [now; 2] };
+        // Field by field: a whole value would be built on the stack first.
+        s.budget.full_at_ns = [now; 2];
         s.budget.full_at_ns[way] = now + cost;
+        s.budget.refused_at_ns = [0; 2];
         // A concurrent insert wins, and these entries go unpaid.
         let _ = maps::POLICY_BUDGETS.insert(&s.budget_owner, &s.budget, u64::from(BPF_NOEXIST));
         return true;
@@ -67,9 +102,25 @@ pub fn admit(s: &mut Scratch) -> bool {
         let full_at = &mut (*budget).full_at_ns[way];
         let after = if *full_at > now { *full_at } else { now } + cost;
         if after - now > BURST_NS {
+            // Once a tick of the coarse clock: the flooder's CPUs need not share the line.
+            if (*budget).refused_at_ns[way] != now {
+                (*budget).refused_at_ns[way] = now;
+            }
             return false;
         }
         *full_at = after;
     }
     true
+}
+
+/// Whether the pod of `s.budget_owner` is over its egress budget: its bucket refused one of
+/// its entries within the last second. Asked like [`admit`], and takes no stack either.
+#[inline(never)]
+pub fn over(s: &Scratch) -> bool {
+    let Some(budget) = maps::POLICY_BUDGETS.get_ptr(&s.budget_owner) else { return false };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: an LRU value, valid while this program runs.
+    let refused = unsafe { (*budget).refused_at_ns[1] };
+    refused != 0 && now.saturating_sub(refused) < OVER_NS
 }

@@ -16,7 +16,9 @@
 //! (both checks judge it, as always). An ICMP error rides on the pair entry of the flow it
 //! quotes, as it would on the pods' own entries (which such a flow does not have): it passes
 //! where the flow's replies pass, and never writes anything.
-//! The pair entry is paid from the sender's egress budget: one entry (`budget.rs`). It ages
+//! The pair entry is paid from the sender's egress budget: one entry; a packet other than a
+//! TCP SYN writes none to a pod over its budget, whose flow it may answer (`budget.rs`: who
+//! pays). It ages
 //! like the pods' entries; when it goes, each check judges again (a TCP segment in its own
 //! direction or as a reply; a UDP datagram in its own direction).
 //!
@@ -158,6 +160,14 @@ pub fn remember(s: &mut Scratch) {
         // the old or the new value of each field, either of them a live entry of this flow.
         unsafe { *entry = s.flow };
         return;
+    }
+    // Not the opener's SYN: it may answer a flow the receiver opened and could not pay for;
+    // while the receiver is over its budget, nothing is written (`budget.rs`: who pays).
+    if !tuple::opens(s) {
+        s.budget_owner = s.vouch_receiver_owner;
+        if budget::over(s) {
+            return;
+        }
     }
     s.budget_owner = s.vouch_sender_owner;
     s.budget_direction = POLICY_DIRECTION_EGRESS;

@@ -34,9 +34,8 @@ pub struct Scratch {
     /// The entry being written.
     pub flow: PolicyFlow,
     pub identity: Key<IpKey>,
-    /// `POLICY_BUDGETS`' key and a new value (`budget.rs`).
+    /// `POLICY_BUDGETS`' key (`budget.rs`); its new value is the last field.
     pub budget_owner: u64,
-    pub budget: super::budget::Budget,
     pub rule: Key<PolicyRuleKey>,
     /// The packet's IP header (IPv4's first 20 bytes, or IPv6's 40), then the first 16 bytes
     /// of its L4 header: read here, not onto the stack.
@@ -72,6 +71,9 @@ pub struct Scratch {
     pub vouch_receiver: u32,
     pub vouch_sender_owner: u64,
     pub vouch_receiver_owner: u64,
+    /// A new `POLICY_BUDGETS` value: last, so that the fields every check uses keep their
+    /// places (cache lines) whatever its size.
+    pub budget: super::budget::Budget,
 }
 
 /// This CPU's scratch value; only this program run uses it.
