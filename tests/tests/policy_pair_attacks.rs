@@ -248,3 +248,115 @@ fn forged_tcp_segments_between_two_subjects_pass_nothing_and_leave_nothing() {
         tb.del(pod).unwrap();
     }
 }
+
+/// Attack (attack3): a peer that is not a pair peer (here x, a pod no policy isolates; a LAN
+/// host or another node's pod does the same) keeps v "over" from outside. v's ingress lets x's
+/// TCP in; x opens connections to v faster than v's ingress budget, so v's own entries for
+/// them go unwritten and each SYN-ACK v's stack answers is a new flow for v's egress check,
+/// paid from v's egress bucket, which refuses. Meanwhile p, a subject of this node whose
+/// ingress lets nothing in, asks v (port 53, allowed) over UDP. Were v's egress bucket the one
+/// that makes it "over", no pair entry would be written (a datagram is no SYN), and v's answer,
+/// judged on its own in p's ingress, would be dropped for as long as x keeps up its SYNs. Only
+/// v's bucket for pair entries makes it over, which x cannot spend: every answer comes in.
+#[test]
+fn an_outsider_cannot_make_a_server_over_for_its_same_node_clients() {
+    let test = "an_outsider_cannot_make_a_server_over_for_its_same_node_clients";
+    let Some(mut tb) = Testbed::for_test(test, "polpo", "10.226.9.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (p, v, x) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(p, A), (v, B), (x, C)] {
+        policy.identity(pod.ip, id);
+    }
+    // p lets nothing in (a client). v lets p's UDP to 53 in and x's TCP (a public server).
+    policy.subject(p.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    policy.subject(v.ip, B, POLICY_INGRESS_ISOLATED, 2, 0);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, UDP, Some(53), 2);
+    policy.allow(B, C, POLICY_DIRECTION_INGRESS, TCP, None, 2);
+
+    // Before: p's query and v's answer pass.
+    let query = udp_ports(p, v.ip, (40_000, 53));
+    assert_eq!(prog_run::run(&tb, "from_pod", &p.host_ifname, query).0, TC_ACT_REDIRECT, "p's query");
+    let answer = udp_ports(v, p.ip, (53, 40_000));
+    assert_eq!(prog_run::run(&tb, "from_pod", &v.host_ifname, answer).0, TC_ACT_REDIRECT, "v's answer before");
+
+    // x's SYNs to v, and v's SYN-ACKs, in rounds.
+    let entries = POLICY_NEW_ENTRIES_PER_SECOND as usize;
+    let flood = 3 * entries;
+    let round = 2048;
+    let ports = |i: usize| (10_000 + (i % 40_000) as u16, 80 + (i / 40_000) as u16);
+    for first in (0..flood).step_by(round) {
+        let syns: Vec<Vec<u8>> = (first..first + round).map(|i| tcp_ports(x, v.ip, ports(i), 0x02)).collect();
+        let verdicts = prog_run::run_each(&tb, "from_pod", &x.host_ifname, syns).unwrap();
+        assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed SYN was dropped");
+        let acks: Vec<Vec<u8>> =
+            (first..first + round).map(|i| tcp_ports(v, x.ip, (ports(i).1, ports(i).0), 0x12)).collect();
+        let verdicts = prog_run::run_each(&tb, "from_pod", &v.host_ifname, acks).unwrap();
+        assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed SYN-ACK was dropped");
+    }
+
+    // p asks again (a new port, as a resolver does): allowed both ways by the rules.
+    let mut dropped = 0;
+    for j in 0..16u16 {
+        let query = udp_ports(p, v.ip, (41_000 + j, 53));
+        assert_eq!(prog_run::run(&tb, "from_pod", &p.host_ifname, query).0, TC_ACT_REDIRECT, "p's query");
+        let answer = udp_ports(v, p.ip, (53, 41_000 + j));
+        if prog_run::run(&tb, "from_pod", &v.host_ifname, answer).0 == TC_ACT_SHOT {
+            dropped += 1;
+        }
+    }
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+    assert_eq!(dropped, 0, "{dropped} of 16 answers to p's allowed queries dropped: x keeps v over");
+}
+
+/// The same with a DNS server's traffic alone (attack3): v lets UDP to port 53 in from anyone
+/// (here x and p), as a cluster DNS pod does; x's queries from many ports (other nodes' clients
+/// at a busy hour do the same) spend v's ingress budget, then v's answers its egress one; p, a
+/// client on v's node that lets nothing in, still gets every answer (v's pair bucket is
+/// untouched, so v is not over).
+#[test]
+fn a_busy_dns_server_keeps_its_same_node_clients_answers() {
+    let test = "a_busy_dns_server_keeps_its_same_node_clients_answers";
+    let Some(mut tb) = Testbed::for_test(test, "polpq", "10.226.10.0/24") else { return };
+    let pods = tb.add_attachments(3).unwrap();
+    let (p, v, x) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(p, A), (v, B), (x, C)] {
+        policy.identity(pod.ip, id);
+    }
+    policy.subject(p.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
+    policy.subject(v.ip, B, POLICY_INGRESS_ISOLATED, 2, 0);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, UDP, Some(53), 2);
+    policy.allow(B, C, POLICY_DIRECTION_INGRESS, UDP, Some(53), 2);
+
+    let entries = POLICY_NEW_ENTRIES_PER_SECOND as usize;
+    let flood = 3 * entries;
+    let round = 2048;
+    let ports = |i: usize| (1_024 + (i % 60_000) as u16, 53);
+    for first in (0..flood).step_by(round) {
+        let queries: Vec<Vec<u8>> = (first..first + round).map(|i| udp_ports(x, v.ip, ports(i))).collect();
+        let verdicts = prog_run::run_each(&tb, "from_pod", &x.host_ifname, queries).unwrap();
+        assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an allowed query was dropped");
+        let answers: Vec<Vec<u8>> =
+            (first..first + round).map(|i| udp_ports(v, x.ip, (ports(i).1, ports(i).0))).collect();
+        let verdicts = prog_run::run_each(&tb, "from_pod", &v.host_ifname, answers).unwrap();
+        assert!(verdicts.iter().all(|v| *v == TC_ACT_REDIRECT), "an answer to x was dropped");
+    }
+    let mut dropped = 0;
+    for j in 0..16u16 {
+        let query = udp_ports(p, v.ip, (41_000 + j, 53));
+        assert_eq!(prog_run::run(&tb, "from_pod", &p.host_ifname, query).0, TC_ACT_REDIRECT, "p's query");
+        let answer = udp_ports(v, p.ip, (53, 41_000 + j));
+        if prog_run::run(&tb, "from_pod", &v.host_ifname, answer).0 == TC_ACT_SHOT {
+            dropped += 1;
+        }
+    }
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+    assert_eq!(dropped, 0, "{dropped} of 16 answers to p's allowed queries dropped: v is over from x's queries");
+}

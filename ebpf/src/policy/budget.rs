@@ -24,19 +24,27 @@
 //! Any span of W seconds admits at most (1 + W) × 16,384 entries a direction.
 //!
 //! Who pays: a pod's buckets are spent by its own packets alone. Its own entries are paid by
-//! its own checks; a pair entry by the packet that writes it, from that packet's sender's
-//! egress bucket. The pair entry is written by the first packet of the flow that both checks
-//! allow: the opener's, unless the opener's bucket refused it; then an answer of the peer (a
-//! SYN-ACK, a UDP reply, TCP data) would write it, paid by the peer, so that a pod opening
-//! flows faster than its budget would spend its peers' budgets. Hence a pod whose egress
-//! bucket refused an entry within the last second is over ([`over`]), and while it is, no
-//! packet to it writes a pair entry, unless it is a TCP SYN: its sender opens the flow, which
-//! is its own to pay for. Any other packet of a flow without an entry (TCP without SYN, UDP,
-//! ICMP) may open it or answer it, with nothing to tell which; to a pod that is over it is
-//! taken as an answer to one of the flows that pod could not pay for. Over is a time of
-//! refusal, not a peek at the bucket: a flooder's bucket refills an entry at a time, so "has
-//! room now" holds between its packets, and every answer that came in then would be paid by
-//! the answerer (its entries' count, unbounded, against one token of the flooder's).
+//! its own checks, from the bucket of their direction; a pair entry by the packet that writes
+//! it, from that packet's sender's third bucket, for pair entries alone (`PAIRS`). The pair
+//! entry is written by the first packet of the flow that both checks allow: the opener's,
+//! unless the opener's pair bucket refused it; then an answer of the peer (a SYN-ACK, a UDP
+//! reply, TCP data) would write it, paid by the peer, so that a pod opening flows to its node's
+//! pods faster than its budget would spend its peers' budgets. Hence a pod whose pair bucket
+//! refused an entry within the last second is over ([`over`]), and while it is, no packet to
+//! it writes a pair entry, unless it is a TCP SYN: its sender opens the flow, which is its own
+//! to pay for. Any other packet of a flow without an entry (TCP without SYN, UDP, ICMP) may
+//! open it or answer it, with nothing to tell which; to a pod that is over it is taken as an
+//! answer to one of the flows that pod could not pay for. Over is a time of refusal, not a
+//! peek at the bucket: a flooder's bucket refills an entry at a time, so "has room now" holds
+//! between its packets, and every answer that came in then would be paid by the answerer (its
+//! entries' count, unbounded, against one token of the flooder's). The pair bucket is its own
+//! so that only the pod's own packets to its node's pods can make it over: traffic from
+//! elsewhere (another node's clients, a pod no policy isolates) spends the pod's ingress and
+//! egress buckets, and its answers to that traffic the egress bucket, none of them the pair
+//! bucket; were it shared, a busy server would be over, and its same-node clients' flows to it
+//! (a DNS query, a ping) would go uncached, their replies judged on their own. The third bucket
+//! raises one pod's bound to 3 × 16,384 entries a second: alone it needs 5.3 s to write the
+//! table's worth.
 //!
 //! Against a flooder: as the opener (a floods b), a's packets pay from a's bucket and, past
 //! it, a is over for as long as it floods and a second after; b's answers write nothing and
@@ -69,13 +77,16 @@ const BURST_NS: u64 = 1_000_000_000;
 /// How long a pod is over its budget after its bucket refused an entry (`over`).
 const OVER_NS: u64 = 1_000_000_000;
 
+/// `Scratch::budget_direction` for the pair entries' bucket (beside the policy directions).
+pub const PAIRS: u8 = 0xff;
+
 /// Value of `POLICY_BUDGETS` (not pinned: its layout is this build's).
 #[repr(C)]
 pub struct Budget {
-    /// When each direction's bucket (ingress, egress) is full again.
-    pub full_at_ns: [u64; 2],
-    /// When each direction's bucket last refused an entry (0: never).
-    pub refused_at_ns: [u64; 2],
+    /// When each bucket (ingress, egress, pair entries) is full again.
+    pub full_at_ns: [u64; 3],
+    /// When each bucket last refused an entry (0: never).
+    pub refused_at_ns: [u64; 3],
 }
 
 /// Whether the pod of `s.budget_owner` may have `s.budget_entries` more entries written in
@@ -86,13 +97,17 @@ pub fn admit(s: &mut Scratch) -> bool {
     let budget = maps::POLICY_BUDGETS.get_ptr_mut(&s.budget_owner);
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let way = usize::from(s.budget_direction == POLICY_DIRECTION_EGRESS);
+    let way = match s.budget_direction {
+        PAIRS => 2,
+        POLICY_DIRECTION_EGRESS => 1,
+        _ => 0,
+    };
     let cost = u64::from(s.budget_entries) * NS_PER_ENTRY;
     let Some(budget) = budget else {
         // Field by field: a whole value would be built on the stack first.
-        s.budget.full_at_ns = [now; 2];
+        s.budget.full_at_ns = [now; 3];
         s.budget.full_at_ns[way] = now + cost;
-        s.budget.refused_at_ns = [0; 2];
+        s.budget.refused_at_ns = [0; 3];
         // A concurrent insert wins, and these entries go unpaid.
         let _ = maps::POLICY_BUDGETS.insert(&s.budget_owner, &s.budget, u64::from(BPF_NOEXIST));
         return true;
@@ -113,14 +128,14 @@ pub fn admit(s: &mut Scratch) -> bool {
     true
 }
 
-/// Whether the pod of `s.budget_owner` is over its egress budget: its bucket refused one of
-/// its entries within the last second. Asked like [`admit`], and takes no stack either.
+/// Whether the pod of `s.budget_owner` is over its pair entries' budget: that bucket refused
+/// one of its entries within the last second. Asked like [`admit`], and takes no stack either.
 #[inline(never)]
 pub fn over(s: &Scratch) -> bool {
     let Some(budget) = maps::POLICY_BUDGETS.get_ptr(&s.budget_owner) else { return false };
     // SAFETY: plain helper call.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: an LRU value, valid while this program runs.
-    let refused = unsafe { (*budget).refused_at_ns[1] };
+    let refused = unsafe { (*budget).refused_at_ns[2] };
     refused != 0 && now.saturating_sub(refused) < OVER_NS
 }

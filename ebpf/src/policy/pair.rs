@@ -16,9 +16,9 @@
 //! (both checks judge it, as always). An ICMP error rides on the pair entry of the flow it
 //! quotes, as it would on the pods' own entries (which such a flow does not have): it passes
 //! where the flow's replies pass, and never writes anything.
-//! The pair entry is paid from the sender's egress budget: one entry; a packet other than a
-//! TCP SYN writes none to a pod over its budget, whose flow it may answer (`budget.rs`: who
-//! pays). It ages
+//! The pair entry is paid from the sender's bucket for pair entries: one entry; a packet other
+//! than a TCP SYN writes none to a pod over that budget, whose flow it may answer (`budget.rs`:
+//! who pays). It ages
 //! like the pods' entries; when it goes, each check judges again (a TCP segment in its own
 //! direction or as a reply; a UDP datagram in its own direction).
 //!
@@ -29,7 +29,7 @@
 //! egress limit at either end). A receiver's check that denies leaves nothing: the packet is
 //! dropped, and the sender's verdict is not kept either.
 use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
-use ebpf_common::{POLICY_DIRECTION_EGRESS, POLICY_FLOW_CLOSING, POLICY_FLOW_KEY_PAIR};
+use ebpf_common::{POLICY_FLOW_CLOSING, POLICY_FLOW_KEY_PAIR};
 
 use super::{Subject, budget, flows, scratch, scratch::Scratch, tuple};
 use crate::{maps, packet};
@@ -144,7 +144,7 @@ pub fn vouched_for(ctx: &TcContext, s: &Scratch, receiver: &Subject) -> bool {
 }
 
 /// Writes the pair entry of the flow of `s.key`, for the vouch's pods: one entry, paid from
-/// the sender's egress budget (`budget.rs`). An entry the key already has (its ports used
+/// the sender's bucket for pair entries (`budget.rs`). An entry the key already has (its ports used
 /// again: a client's next connection from the same port, the old one closing) is written over
 /// in place: no new entry, nothing evicted, so nothing to pay; and cheaper than an insert,
 /// which takes a free node of the LRU (cold memory) and gives the old one back.
@@ -170,7 +170,7 @@ pub fn remember(s: &mut Scratch) {
         }
     }
     s.budget_owner = s.vouch_sender_owner;
-    s.budget_direction = POLICY_DIRECTION_EGRESS;
+    s.budget_direction = budget::PAIRS;
     s.budget_entries = 1;
     if budget::admit(s) {
         let _ = maps::POLICY_FLOWS.insert(&s.pair_key, &s.flow, u64::from(BPF_ANY));
