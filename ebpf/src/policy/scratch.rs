@@ -80,22 +80,9 @@ pub fn get() -> Option<*mut Scratch> {
     maps::POLICY_SCRATCH.get_ptr_mut(0)
 }
 
-/// Copies the subject's `POLICY_ENDPOINTS` entry into `s`, a word at a time: the struct's
-/// assignment compiled to a call of a byte-by-byte `memmove`, whose loop the verifier walked 32
-/// times over (about 1,000 instructions) in every program that has the check.
-#[inline(always)]
-pub fn take_subject(s: &mut Scratch, endpoint: &PolicyEndpoint) {
-    let (to, from) = ((&raw mut s.subject).cast::<u64>(), core::ptr::from_ref(endpoint).cast::<u64>());
-    for i in 0..size_of::<PolicyEndpoint>() / 8 {
-        // SAFETY: both 8-aligned (`PolicyEndpoint` holds a u64; the scratch value is a map
-        // value and `subject` its first field), 32 bytes each.
-        unsafe { to.add(i).write_volatile(from.add(i).read_volatile()) };
-    }
-}
-
-/// Writes `flow` over a `POLICY_FLOWS` value a word at a time, as [`take_subject`] copies (an
-/// assignment compiled to a byte-by-byte `memmove`). Each field is written whole: a reader on
-/// another CPU sees its old or its new value.
+/// Writes `flow` over a `POLICY_FLOWS` value a word at a time: an assignment compiled to a call
+/// of a byte-by-byte `memmove`, 24 rounds of a loop the verifier walked in every program. Each
+/// field is written whole: a reader on another CPU sees its old or its new value.
 ///
 /// # Safety
 /// `entry` is a `POLICY_FLOWS` value (8-aligned, as `flow`).

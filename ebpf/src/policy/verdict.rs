@@ -129,7 +129,7 @@ fn start(ctx: &TcContext, s: &mut Scratch, subject: &Subject, direction: u8, par
     if !parsed && !tuple::parse(ctx, s) {
         return false;
     }
-    scratch::take_subject(s, subject.endpoint);
+    s.subject = *subject.endpoint;
     s.direction = direction;
     tuple::own(s, direction == POLICY_DIRECTION_EGRESS);
     true
@@ -300,7 +300,7 @@ fn note(ctx: &TcContext, subject: &Subject) {
     if !tuple::parse(ctx, s) {
         return;
     }
-    scratch::take_subject(s, subject.endpoint);
+    s.subject = *subject.endpoint;
     s.direction = POLICY_DIRECTION_EGRESS;
     tuple::own(s, true);
     // SAFETY: plain helper call.
