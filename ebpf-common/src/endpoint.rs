@@ -170,6 +170,12 @@ mod tests {
     fn v6_keys_are_the_fields_written_out() {
         let addr = [0xfd, 0, 0x10, 0x42, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34];
         assert_eq!(IpKey::v6_words(addr), IpKey::v6(addr));
+        assert_eq!(IpKey::v6(addr), IpKey { family: FAMILY_IPV6, pad: [0; 3], addr });
+    }
+
+    #[test]
+    fn an_ipv4_address_in_16_bytes_is_its_octets_then_zeros() {
+        assert_eq!(ipv4_in_16([10, 244, 1, 7]), [10, 244, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
