@@ -12,6 +12,8 @@
 //! resolved, and it stays unresolved (over IPv6 the other node learns only this node's
 //! link-local address from its solicitation). `bpf_redirect_neigh` queues the packet in the
 //! neighbour layer instead, which resolves the next hop and sends it, netfilter untouched.
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh},
@@ -36,8 +38,8 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     if ip.ttl <= 1 {
         return to_stack(ctx);
     }
-    // SAFETY: an all-zero `bpf_fib_lookup` is a valid input.
-    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    let mut params = MaybeUninit::uninit();
+    let params = zeroed(&mut params);
     params.family = AF_INET;
     params.l4_protocol = ip.proto;
     params.ifindex = packet::ingress_ifindex(ctx);
@@ -47,12 +49,12 @@ pub fn forward(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv4Hdr) -> i32 {
     params.__bindgen_anon_2.tos = ip.tos;
     params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(ip.src_addr);
     params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(ip.dst_addr);
-    let next_hop = lookup(ctx, &mut params);
+    let next_hop = lookup(ctx, params);
     if next_hop == NextHop::Stack {
         return to_stack(ctx);
     }
     decrement_ttl(ip);
-    redirect(ctx, eth, &params, next_hop)
+    redirect(ctx, eth, params, next_hop)
 }
 
 /// The same for IPv6 (hop limit for TTL; no header checksum to fix).
@@ -67,20 +69,34 @@ pub fn forward6(ctx: &TcContext, eth: *mut EthHdr, ip: *mut Ipv6Hdr) -> i32 {
         let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
         [w(0), w(4), w(8), w(12)]
     };
-    // SAFETY: an all-zero `bpf_fib_lookup` is a valid input.
-    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    let mut params = MaybeUninit::uninit();
+    let params = zeroed(&mut params);
     params.family = AF_INET6;
     params.l4_protocol = ip.next_hdr;
     params.ifindex = packet::ingress_ifindex(ctx);
     params.__bindgen_anon_1.tot_len = 0;
     params.__bindgen_anon_3.ipv6_src = words(&ip.src_addr);
     params.__bindgen_anon_4.ipv6_dst = words(&ip.dst_addr);
-    let next_hop = lookup(ctx, &mut params);
+    let next_hop = lookup(ctx, params);
     if next_hop == NextHop::Stack {
         return to_stack(ctx);
     }
     ip.hop_limit -= 1;
-    redirect(ctx, eth, &params, next_hop)
+    redirect(ctx, eth, params, next_hop)
+}
+
+/// An all-zero `bpf_fib_lookup` (a valid input), zeroed a word at a time: `mem::zeroed()`
+/// compiled to a call of a byte-by-byte `memset`, 64 rounds of a loop that the verifier walked
+/// on every path to the lookup (and `from_pod` ran per packet).
+#[inline(always)]
+fn zeroed(params: &mut MaybeUninit<FibParams>) -> &mut FibParams {
+    let words = params.as_mut_ptr().cast::<u32>();
+    for i in 0..size_of::<FibParams>() / 4 {
+        // SAFETY: within the structure, whose alignment is 4 (it holds u32 fields).
+        unsafe { words.add(i).write_volatile(0) };
+    }
+    // SAFETY: every byte written above; all zeros is a valid value of this plain C struct.
+    unsafe { params.assume_init_mut() }
 }
 
 /// What the FIB answered.

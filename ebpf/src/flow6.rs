@@ -1,6 +1,8 @@
 //! The addresses and ports of an IPv6 packet, as NAT sees them (`flow.rs` for IPv4). Only
 //! packets whose first header after IPv6 is TCP, UDP or ICMPv6 echo are translated: extension
 //! headers (fragments among them) are `NatUntranslatable`.
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
 use ebpf_common::{DropReason, FAMILY_IPV6, FlowKey};
 use network_types::{eth::EthHdr, ip::Ipv6Hdr};
@@ -53,14 +55,25 @@ impl Flow6 {
             }
             _ => return Err(DropReason::NatUntranslatable),
         };
-        let mut key = key(next_header, [0; 16], src_port, [0; 16], dst_port);
-        // Both addresses straight into the key (they follow each other there as in the header).
-        let addresses: *mut [u8; 16] = &mut key.src_addr;
-        // SAFETY: `src_addr` and `dst_addr` are 32 adjacent bytes of `key` (`#[repr(C)]`).
-        let loaded = unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), (IP_OFFSET + 8) as u32, addresses.cast(), 32) };
+        // The first word (family, protocol, ports), then both addresses straight into the key
+        // (they follow each other there as in the header). Not zeroed first: the zero arrays
+        // compiled to calls of a byte-by-byte `memset`, which the verifier walked in every
+        // program that parses IPv6, and the helper writes all 32 bytes (zeros if it fails).
+        let mut key = MaybeUninit::<FlowKey>::uninit();
+        let (s, d) = (src_port.to_ne_bytes(), dst_port.to_ne_bytes());
+        let head = u64::from_ne_bytes([FAMILY_IPV6, next_header, 0, 0, s[0], s[1], d[0], d[1]]);
+        // SAFETY: `FlowKey` is `#[repr(C)]`, 8-aligned: family, protocol, pad and the ports are
+        // its first word; `src_addr` and `dst_addr` its next 32 adjacent bytes.
+        let loaded = unsafe {
+            key.as_mut_ptr().cast::<u64>().write(head);
+            let addresses = (&raw mut (*key.as_mut_ptr()).src_addr).cast();
+            bpf_skb_load_bytes(ctx.skb.skb.cast(), (IP_OFFSET + 8) as u32, addresses, 32)
+        };
         if loaded != 0 {
             return Err(DropReason::Malformed);
         }
+        // SAFETY: all 40 bytes written above.
+        let key = unsafe { key.assume_init() };
         Ok(Self { key, tcp_flags })
     }
 

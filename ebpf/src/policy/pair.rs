@@ -158,7 +158,7 @@ pub fn remember(s: &mut Scratch) {
     if let Some(entry) = maps::POLICY_FLOWS.get_ptr_mut(&s.pair_key) {
         // SAFETY: an LRU value, valid while this program runs; a reader on another CPU sees
         // the old or the new value of each field, either of them a live entry of this flow.
-        unsafe { *entry = s.flow };
+        unsafe { scratch::put_flow(entry, &s.flow) };
         return;
     }
     // Not the opener's SYN: it may answer a flow the receiver opened and could not pay for;

@@ -82,6 +82,21 @@ pub fn get() -> Option<*mut Scratch> {
     maps::POLICY_SCRATCH.get_ptr_mut(0)
 }
 
+/// Writes `flow` over a `POLICY_FLOWS` value a word at a time: an assignment compiled to a call
+/// of a byte-by-byte `memmove`, 24 rounds of a loop the verifier walked in every program. Each
+/// field is written whole: a reader on another CPU sees its old or its new value.
+///
+/// # Safety
+/// `entry` is a `POLICY_FLOWS` value (8-aligned, as `flow`).
+#[inline(always)]
+pub unsafe fn put_flow(entry: *mut PolicyFlow, flow: &PolicyFlow) {
+    let (to, from) = (entry.cast::<u64>(), core::ptr::from_ref(flow).cast::<u64>());
+    for i in 0..size_of::<PolicyFlow>() / 8 {
+        // SAFETY: by the caller; 24 bytes each.
+        unsafe { to.add(i).write_volatile(from.add(i).read_volatile()) };
+    }
+}
+
 /// Copies an address four bytes at a time: LLVM makes a `memcpy` call of a plain array copy
 /// here, whose saved registers cost stack.
 ///
