@@ -41,6 +41,17 @@ fn icmp_error(from: &Attached, to: Ipv4Addr, kind: (u8, u8), quoted: &[u8]) -> V
     frames::with_checksums([ethernet(from.host_mac, from.pod_mac, 0x0800), packet].concat())
 }
 
+/// `count` pods of a fresh node (at most three), given identities A, B and C in that order, and
+/// the node's policy maps.
+fn pods_with_identities(tb: &mut Testbed, count: usize) -> (Vec<Attached>, Policy) {
+    let pods = tb.add_attachments(count).unwrap();
+    let mut policy = Policy::open(tb);
+    for (pod, id) in pods.iter().zip([A, B, C]) {
+        policy.identity(pod.ip, id);
+    }
+    (pods, policy)
+}
+
 /// a's datagram to b, two subjects of this node: the flow gets its pair entry alone. b's stack
 /// answers with a port unreachable (or a fragmentation needed): it quotes a's flow and must pass
 /// where the flow's replies pass, as it did when each pod had its own entries (b's egress lets
@@ -50,11 +61,8 @@ fn icmp_error(from: &Attached, to: Ipv4Addr, kind: (u8, u8), quoted: &[u8]) -> V
 fn icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others() {
     let test = "icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others";
     let Some(mut tb) = Testbed::for_test(test, "polpi", "10.226.5.0/24") else { return };
-    let pods = tb.add_attachments(2).unwrap();
+    let (pods, mut policy) = pods_with_identities(&mut tb, 2);
     let (a, b) = (&pods[0], &pods[1]);
-    let mut policy = Policy::open(&tb);
-    policy.identity(a.ip, A);
-    policy.identity(b.ip, B);
     // a lets nothing in; b lets a's UDP to port 53 in and nothing out.
     policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
     policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED | POLICY_EGRESS_ISOLATED, 2, 2);
@@ -101,12 +109,8 @@ fn icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others() {
 fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
     let test = "a_pods_flood_to_another_does_not_spend_the_others_budget";
     let Some(mut tb) = Testbed::for_test(test, "polpd", "10.226.6.0/24") else { return };
-    let pods = tb.add_attachments(3).unwrap();
+    let (pods, mut policy) = pods_with_identities(&mut tb, 3);
     let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C)] {
-        policy.identity(pod.ip, id);
-    }
     // a may open TCP to b; b lets a's TCP in and nothing else (its egress is not isolated).
     policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 0, 1);
     policy.allow(A, B, POLICY_DIRECTION_EGRESS, TCP, None, 1);
@@ -176,12 +180,8 @@ fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
 fn a_pods_answers_and_forgeries_to_another_spend_only_its_own_budget() {
     let test = "a_pods_answers_and_forgeries_to_another_spend_only_its_own_budget";
     let Some(mut tb) = Testbed::for_test(test, "polpa", "10.226.8.0/24") else { return };
-    let pods = tb.add_attachments(3).unwrap();
+    let (pods, mut policy) = pods_with_identities(&mut tb, 3);
     let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C)] {
-        policy.identity(pod.ip, id);
-    }
     // a lets b's UDP and TCP in and nothing else; b's egress is isolated, open to a.
     policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
     policy.allow(A, B, POLICY_DIRECTION_INGRESS, UDP, None, 1);
@@ -227,11 +227,8 @@ fn a_pods_answers_and_forgeries_to_another_spend_only_its_own_budget() {
 fn forged_tcp_segments_between_two_subjects_pass_nothing_and_leave_nothing() {
     let test = "forged_tcp_segments_between_two_subjects_pass_nothing_and_leave_nothing";
     let Some(mut tb) = Testbed::for_test(test, "polpf", "10.226.7.0/24") else { return };
-    let pods = tb.add_attachments(2).unwrap();
+    let (pods, mut policy) = pods_with_identities(&mut tb, 2);
     let (a, b) = (&pods[0], &pods[1]);
-    let mut policy = Policy::open(&tb);
-    policy.identity(a.ip, A);
-    policy.identity(b.ip, B);
     policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
     policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED | POLICY_EGRESS_ISOLATED, 2, 2);
     for flags in [0x10, 0x04, 0x14, 0x11, 0x12, 0x18] {
@@ -262,12 +259,8 @@ fn forged_tcp_segments_between_two_subjects_pass_nothing_and_leave_nothing() {
 fn an_outsider_cannot_make_a_server_over_for_its_same_node_clients() {
     let test = "an_outsider_cannot_make_a_server_over_for_its_same_node_clients";
     let Some(mut tb) = Testbed::for_test(test, "polpo", "10.226.9.0/24") else { return };
-    let pods = tb.add_attachments(3).unwrap();
+    let (pods, mut policy) = pods_with_identities(&mut tb, 3);
     let (p, v, x) = (&pods[0], &pods[1], &pods[2]);
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(p, A), (v, B), (x, C)] {
-        policy.identity(pod.ip, id);
-    }
     // p lets nothing in (a client). v lets p's UDP to 53 in and x's TCP (a public server).
     policy.subject(p.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
     policy.subject(v.ip, B, POLICY_INGRESS_ISOLATED, 2, 0);
@@ -321,12 +314,8 @@ fn an_outsider_cannot_make_a_server_over_for_its_same_node_clients() {
 fn a_busy_dns_server_keeps_its_same_node_clients_answers() {
     let test = "a_busy_dns_server_keeps_its_same_node_clients_answers";
     let Some(mut tb) = Testbed::for_test(test, "polpq", "10.226.10.0/24") else { return };
-    let pods = tb.add_attachments(3).unwrap();
+    let (pods, mut policy) = pods_with_identities(&mut tb, 3);
     let (p, v, x) = (&pods[0], &pods[1], &pods[2]);
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(p, A), (v, B), (x, C)] {
-        policy.identity(pod.ip, id);
-    }
     policy.subject(p.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
     policy.subject(v.ip, B, POLICY_INGRESS_ISOLATED, 2, 0);
     policy.allow(B, A, POLICY_DIRECTION_INGRESS, UDP, Some(53), 2);
