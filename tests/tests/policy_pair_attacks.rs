@@ -97,11 +97,11 @@ fn icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others() {
 /// a opens TCP connections to b (two subjects of this node) faster than its budget: past it,
 /// a's SYNs get no pair entry, and each SYN-ACK b's stack answers with finds none either; the
 /// SYN-ACK's checks allow it (b's egress is not isolated, a's ingress neither), and its pair
-/// entry, if written, would be paid from b's egress budget, the sender's. So a's flood would
+/// entry, if written, would be paid from b's bucket for pair entries, the sender's. So a's flood would
 /// spend b's budget: b's own flows (a datagram to c, a pod no policy isolates) would go
 /// unremembered, and their replies, which b's ingress does not allow on their own (UDP is
 /// judged in its own direction), dropped. (fdf6ec4 had it too, once b's ingress budget was
-/// spent on the flows a opened to b.) a's bucket refused its entries, so a is over its budget:
+/// spent on the flows a opened to b.) a's pair bucket refused its entries, so a is over:
 /// a packet to it other than a SYN writes no pair entry (`budget.rs`: who pays), and b pays
 /// nothing. b's own connection to a, opened meanwhile, is b's to pay for: remembered. A
 /// second after a's flood, a is no longer over.
