@@ -28,12 +28,13 @@ pub fn per_second(
     seconds: u32,
 ) -> Result<f64> {
     let duration = Duration::from_secs(seconds.into());
-    serving(client_ns, server_ns, listen, dial, || in_netns(client_ns, move || connect_loop(dial, duration)))
+    serving(client_ns, server_ns, listen, dial, None, || in_netns(client_ns, move || connect_loop(dial, duration)))
 }
 
 /// [`per_second`] with the client a process of its own (the bench run again with
 /// `--conn-client`), started in `cgroup` when given: the socket LB translates only what its
 /// cgroup's processes connect. `seconds` 0: one connection, to check that one goes through.
+/// With `cpu`, the client and the server both run on that CPU.
 pub fn per_second_in_process(
     client_ns: &str,
     cgroup: Option<&TestCgroup>,
@@ -41,11 +42,19 @@ pub fn per_second_in_process(
     listen: SocketAddrV4,
     dial: SocketAddrV4,
     seconds: u32,
+    cpu: Option<usize>,
 ) -> Result<f64> {
     // Woken through the server's own address: the bench itself is in no cgroup the socket LB
     // translates for, so it could not reach the server through a ClusterIP.
-    serving(client_ns, server_ns, listen, listen, || {
-        let mut command = Command::new("nsenter");
+    serving(client_ns, server_ns, listen, listen, cpu, || {
+        let mut command = match cpu {
+            Some(cpu) => {
+                let mut taskset = Command::new("taskset");
+                taskset.args(["-c", &cpu.to_string(), "nsenter"]);
+                taskset
+            }
+            None => Command::new("nsenter"),
+        };
         command.arg(format!("--net=/run/netns/{client_ns}")).arg(std::env::current_exe()?);
         command.args(["--conn-client", &dial.to_string(), "--seconds", &seconds.to_string()]);
         if let Some(cgroup) = cgroup {
@@ -80,13 +89,14 @@ fn connect_loop(dial: SocketAddrV4, duration: Duration) -> Result<f64> {
     Ok(connections as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Runs `client` against a server on `listen` in `server_ns`; one connection to `wake` from
-/// `client_ns` afterwards ends the server.
+/// Runs `client` against a server on `listen` in `server_ns` (a thread on `cpu`, when given);
+/// one connection to `wake` from `client_ns` afterwards ends the server.
 fn serving(
     client_ns: &str,
     server_ns: &str,
     listen: SocketAddrV4,
     wake: SocketAddrV4,
+    cpu: Option<usize>,
     client: impl FnOnce() -> Result<f64>,
 ) -> Result<f64> {
     crate::cpu::wait_idle()?;
@@ -95,6 +105,9 @@ fn serving(
     let serving = {
         let stop = stop.clone();
         std::thread::spawn(move || {
+            if let Some(cpu) = cpu {
+                pin_this_thread(cpu);
+            }
             for stream in listener.incoming() {
                 if stop.load(Ordering::Relaxed) {
                     break;
@@ -113,4 +126,12 @@ fn serving(
         let _ = serving.join();
     }
     rate
+}
+
+/// Runs the calling thread on `cpu` alone, if the machine has it.
+fn pin_this_thread(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu).is_ok() {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
 }

@@ -3,13 +3,15 @@
 //! each with no policy and with 1,000 (`policy_set.rs`: every pod of the measured pair's
 //! namespace isolated both ways, hundreds of policies allowing the measured flows, the rest
 //! selecting pods of other namespaces), written with `ebpf-cni policy-set`. Each round builds a
-//! fresh node per state, the order rotating. Figures: TCP ping-pong p50 and p99 and new
-//! connections per second, 1,000 policies ÷ none, and `from_pod`'s own time per packet of an
-//! established flow (`policy_cost.rs`), which the round trips' noise cannot hide. With
-//! `--previous BINARY`, the previous release's node (no policy) is measured in the same
-//! rounds: the no-policy figures of this build ÷ it, the standing rule that allowed traffic
-//! without policy does not move. Then `policy_sync.rs`: a policy change and a pod label change
-//! → the datapath's verdict.
+//! fresh node per state, all of them before measuring, and measures them by turns
+//! ([`measure_by_turns`]), the order rotating from round to round. Figures: TCP ping-pong p50
+//! and p99 and new connections per second, client and server on one CPU for both (a figure
+//! that also rode on where the scheduler put the two moved by ±5 % from run to run), 1,000
+//! policies ÷ none, and `from_pod`'s own time per packet of an established flow
+//! (`policy_cost.rs`), which the round trips' noise cannot hide. With `--previous BINARY`, the
+//! previous release's node (no policy) is measured in the same rounds: the no-policy figures
+//! of this build ÷ it, the standing rule that allowed traffic without policy does not move.
+//! Then `policy_sync.rs`: a policy change and a pod label change → the datapath's verdict.
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::{Context, Result, ensure};
@@ -67,7 +69,8 @@ impl Figures {
             let mut all = vec![
                 Figure::new(section, "TCP ping-pong RTT p50 (same CPU)", "µs", Lower).target(against, 1.03),
                 Figure::new(section, "TCP ping-pong RTT p99 (same CPU)", "µs", Lower),
-                Figure::new(section, "TCP connections, one at a time", "conn/s", Higher).target(against, 0.97),
+                Figure::new(section, "TCP connections, one at a time (same CPU)", "conn/s", Higher)
+                    .target(against, 0.97),
             ];
             if flow == Flow::PodToPod {
                 let name = "from_pod per packet, an established flow's ACK (BPF_PROG_TEST_RUN)";
@@ -124,15 +127,20 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
     for round in 0..s.rounds {
         let mut order = states.clone();
         order.rotate_left(round % states.len());
+        // Every state's node at once, measured by turns (`measure_by_turns`): the machine's
+        // drift over a round lands on all of them alike, not on whichever came last.
+        let mut nodes = Vec::new();
         for state in order {
             let plugin = if state == Path::Previous { previous.context("--previous")? } else { ours };
             let policies = if state == Path::EbpfCni { s.policies } else { 0 };
-            let mut pair = node(plugin, policies)?;
-            for (flow, figures) in &mut flows {
-                let mut values = measure(s, &mut pair, *flow)?.to_vec();
+            nodes.push((state, node(plugin, policies)?));
+        }
+        for (flow, figures) in &mut flows {
+            let measured = measure_by_turns(s, &mut nodes, *flow)?;
+            for ((state, pair), mut values) in nodes.iter().zip(measured) {
                 if *flow == Flow::PodToPod {
-                    values.push(policy_cost::from_pod_ack(&pair)?);
-                    values.push(policy_cost::from_pod_syn(&pair)?);
+                    values.push(policy_cost::from_pod_ack(pair)?);
+                    values.push(policy_cost::from_pod_syn(pair)?);
                 }
                 let per_packet = match values.get(3..5) {
                     Some([ack, syn]) => format!(", from_pod ACK {ack:.0} ns, SYN {syn:.0} ns"),
@@ -146,9 +154,10 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                     values[1],
                     values[2],
                 );
-                figures.record(state, &values);
+                figures.record(*state, &values);
             }
         }
+        drop(nodes);
         if let Some(sync) = &mut sync {
             let changes = policy_sync::measure(ours, s.policies, s.policy_changes)?;
             eprintln!("policy round {round}: {}", changes.summary());
@@ -205,22 +214,56 @@ fn connects(client_ns: &str, to: SocketAddrV4, server_ns: &str) -> Result<bool> 
     })
 }
 
-/// `flow`'s ping-pong p50 and p99 (µs) and connections per second on `pair`'s node.
-fn measure(s: &Settings, pair: &mut Pair, flow: Flow) -> Result<[f64; 3]> {
+/// `flow`'s ping-pong p50 and p99 (µs) and connections per second on each node, in `nodes`'
+/// order. Each figure is measured in two halves, the nodes in turn and then in the reverse
+/// turn (A B C, C B A), and its halves averaged: a drift of the machine's speed within the
+/// round weighs on every node alike. Every node's ping-pongs, then every node's connection
+/// rates: each measurement finds its node in the state the others found theirs in (the same
+/// runs before it, the same `TIME_WAIT`s). Connections run on the ping-pong's CPU, client and
+/// server: one placement for every node.
+fn measure_by_turns(s: &Settings, nodes: &mut [(Path, Pair)], flow: Flow) -> Result<Vec<Vec<f64>>> {
+    let half = s.latency_seconds.div_ceil(2);
+    let turns = |n: usize| (0..n).chain((0..n).rev());
+    let mut sums = vec![[0.0; 3]; nodes.len()];
+    for i in turns(nodes.len()) {
+        let latency = dialling(&mut nodes[i].1, flow, |dialled, _| {
+            sockperf::ping_pong(dialled, sockperf::Protocol::Tcp, half, LATENCY_CPU)
+        })?;
+        sums[i][0] += latency.p50_us / 2.0;
+        sums[i][1] += latency.p99_us / 2.0;
+    }
+    for i in turns(nodes.len()) {
+        let listen = SocketAddrV4::new(nodes[i].1.server_ip.parse()?, CONN_PORT);
+        let rate = dialling(&mut nodes[i].1, flow, |dialled, dial| {
+            let cgroup = dialled.client_cgroup();
+            conn_rate::per_second_in_process(
+                &dialled.client_ns,
+                cgroup,
+                &dialled.server_ns,
+                listen,
+                dial,
+                half,
+                Some(LATENCY_CPU),
+            )
+        })?;
+        sums[i][2] += rate / 2.0;
+    }
+    Ok(sums.into_iter().map(|s| s.to_vec()).collect())
+}
+
+/// `measure` with who dials what for `flow` on `pair`'s node: the pair itself, its client in
+/// the socket LB's cgroup dialling the ClusterIP; or the client outside it dialling the server
+/// (plain pod → pod).
+fn dialling<T>(pair: &mut Pair, flow: Flow, measure: impl FnOnce(&Pair, SocketAddrV4) -> Result<T>) -> Result<T> {
     let server: Ipv4Addr = pair.server_ip.parse()?;
-    let listen = SocketAddrV4::new(server, CONN_PORT);
-    let direct = Pair::borrowed(&pair.client_ns, &pair.server_ns, &pair.server_ip);
-    let (dialled, dial) = match flow {
-        // The client outside the socket LB's cgroup: plain pod → pod.
-        Flow::PodToPod => (&direct, listen),
+    match flow {
+        Flow::PodToPod => {
+            let direct = Pair::borrowed(&pair.client_ns, &pair.server_ns, &pair.server_ip);
+            measure(&direct, SocketAddrV4::new(server, CONN_PORT))
+        }
         Flow::ClusterIp => {
             pair.dial_ip = CLUSTER_IP.to_string();
-            (&*pair, SocketAddrV4::new(CLUSTER_IP, CONN_PORT))
+            measure(pair, SocketAddrV4::new(CLUSTER_IP, CONN_PORT))
         }
-    };
-    let latency = sockperf::ping_pong(dialled, sockperf::Protocol::Tcp, s.latency_seconds, LATENCY_CPU)?;
-    let cgroup = dialled.client_cgroup();
-    let rate =
-        conn_rate::per_second_in_process(&pair.client_ns, cgroup, &pair.server_ns, listen, dial, s.latency_seconds)?;
-    Ok([latency.p50_us, latency.p99_us, rate])
+    }
 }

@@ -151,7 +151,15 @@ fn measure(s: &Settings, ours: &Plugin, path: Path, level: &mut Level) -> Result
     let server: Ipv4Addr = pair.server_ip.parse()?;
     let (listen, dial) = (SocketAddrV4::new(server, CONN_PORT), SocketAddrV4::new(CLUSTER_IP, CONN_PORT));
     let conns = |seconds| {
-        conn_rate::per_second_in_process(&pair.client_ns, pair.client_cgroup(), &pair.server_ns, listen, dial, seconds)
+        conn_rate::per_second_in_process(
+            &pair.client_ns,
+            pair.client_cgroup(),
+            &pair.server_ns,
+            listen,
+            dial,
+            seconds,
+            None,
+        )
     };
     // One connection first: a path that cannot connect says so at once.
     conns(0).with_context(|| format!("{}: pod → ClusterIP → pod does not connect", path.name()))?;
