@@ -68,6 +68,13 @@ pub fn note_via_stack(ctx: &TcContext, owner: u64) {
 /// when known).
 #[inline(always)]
 pub fn ingress_allowed(ctx: &TcContext, ifindex: u32, owner: Option<u64>) -> bool {
+    // An established flow between two subjects: `from_pod` found its pair entry and vouched for
+    // this delivery (`pair.rs`), which then costs no more than that.
+    if let Some(owner) = owner
+        && pair::take_vouch(ctx, ifindex, owner)
+    {
+        return true;
+    }
     match subject::of_veth(ifindex, owner) {
         // A delivery (`deliver::into_pod`): `from_pod` may have vouched for this packet.
         Some(subject) if owner.is_some() => verdict::allows(ctx, &subject, POLICY_DIRECTION_INGRESS, pair::INTO_POD),

@@ -135,6 +135,27 @@ fn quoted(ctx: &TcContext, s: &mut Scratch) -> bool {
     tuple::inner(ctx, s)
 }
 
+/// Takes `from_pod`'s vouch that the pair entry allowed this packet, if it is for this
+/// delivery: into the pod behind host veth `ifindex` of attachment `owner` (`deliver::into_pod`'s
+/// `ENDPOINTS` entry, whose `POLICY_ENDPOINTS` entry `cached` was given), from the veth the packet
+/// arrived on. Read before the receiver's entry, its global function and its check: an
+/// established flow's packet needs none of them. Any other vouch is left to the check, which
+/// clears it.
+#[inline(always)]
+pub fn take_vouch(ctx: &TcContext, ifindex: u32, owner: u64) -> bool {
+    let Some(s) = scratch::get() else { return false };
+    // SAFETY: this CPU's scratch value, used by this program run alone.
+    let s = unsafe { &mut *s };
+    let for_this = s.vouch == VOUCHED
+        && s.vouch_receiver == ifindex
+        && s.vouch_receiver_owner == owner
+        && s.vouch_sender == packet::ingress_ifindex(ctx);
+    if for_this {
+        s.vouch = 0;
+    }
+    for_this
+}
+
 /// Whether `from_pod`'s vouch (`s.vouch` set) is for this packet's delivery into `receiver`.
 #[inline(always)]
 pub fn vouched_for(ctx: &TcContext, s: &Scratch, receiver: &Subject) -> bool {
