@@ -5,9 +5,9 @@
 //! selecting pods of other namespaces), written with `ebpf-cni policy-set`. Each round builds a
 //! fresh node per state, all of them before measuring, and measures them by turns
 //! ([`measure_by_turns`]), the order rotating from round to round. Figures: TCP ping-pong p50
-//! and p99 and new connections per second, client and server on one CPU for both (a figure
-//! that also rode on where the scheduler put the two moved by ±5 % from run to run), 1,000
-//! policies ÷ none, and `from_pod`'s own time per packet of an established flow
+//! and p99 and new connections per second, client and server on one CPU for both (left to
+//! the scheduler, connections per second moved ±5 % from run to run with where it put them),
+//! 1,000 policies ÷ none, and `from_pod`'s own time per packet of an established flow
 //! (`policy_cost.rs`), which the round trips' noise cannot hide. With `--previous BINARY`, the
 //! previous release's node (no policy) is measured in the same rounds: the no-policy figures
 //! of this build ÷ it, the standing rule that allowed traffic without policy does not move.
@@ -251,9 +251,9 @@ fn measure_by_turns(s: &Settings, nodes: &mut [(Path, Pair)], flow: Flow) -> Res
     Ok(sums.into_iter().map(|s| s.to_vec()).collect())
 }
 
-/// `measure` with who dials what for `flow` on `pair`'s node: the pair itself, its client in
-/// the socket LB's cgroup dialling the ClusterIP; or the client outside it dialling the server
-/// (plain pod → pod).
+/// Runs `measure` with who dials what for `flow` on `pair`'s node: the pair itself, its client
+/// in the socket LB's cgroup dialling the ClusterIP; or the client outside it dialling the
+/// server (plain pod → pod).
 fn dialling<T>(pair: &mut Pair, flow: Flow, measure: impl FnOnce(&Pair, SocketAddrV4) -> Result<T>) -> Result<T> {
     let server: Ipv4Addr = pair.server_ip.parse()?;
     match flow {
