@@ -52,6 +52,14 @@ fn pods_with_identities(tb: &mut Testbed, count: usize) -> (Vec<Attached>, Polic
     (pods, policy)
 }
 
+/// The end of a test: the maps closed, then the `count` pods deleted (DEL clears their entries).
+fn remove_pods(tb: &Testbed, policy: Policy, count: usize) {
+    drop(policy);
+    for pod in 0..count {
+        tb.del(pod).unwrap();
+    }
+}
+
 /// a's datagram to b, two subjects of this node: the flow gets its pair entry alone. b's stack
 /// answers with a port unreachable (or a fragmentation needed): it quotes a's flow and must pass
 /// where the flow's replies pass, as it did when each pod had its own entries (b's egress lets
@@ -88,10 +96,7 @@ fn icmp_errors_about_a_flow_between_two_subjects_pass_and_no_others() {
     assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, error).0, TC_ACT_SHOT, "an unrelated error passed");
     assert_eq!(tb.drops(DropReason::PolicyDenied).unwrap(), denied + 1);
     assert_eq!(policy.all_flows().len(), before, "an ICMP error created state");
-    drop(policy);
-    for pod in 0..2 {
-        tb.del(pod).unwrap();
-    }
+    remove_pods(&tb, policy, 2);
 }
 
 /// a opens TCP connections to b (two subjects of this node) faster than its budget: past it,
@@ -165,10 +170,7 @@ fn a_pods_flood_to_another_does_not_spend_the_others_budget() {
     let datagram = udp_ports(b, a.ip, (20_000, 4000));
     assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, datagram).0, TC_ACT_REDIRECT, "b's datagram to a");
     assert_eq!(pair_keys(&policy).len(), before + 1, "a is still over a second after its flood");
-    drop(policy);
-    for pod in 0..3 {
-        tb.del(pod).unwrap();
-    }
+    remove_pods(&tb, policy, 3);
 }
 
 /// The other way round: b sends a, another subject of this node, datagrams and SYN-ACKs (forged:
@@ -214,10 +216,7 @@ fn a_pods_answers_and_forgeries_to_another_spend_only_its_own_budget() {
     let verdicts = prog_run::run_each(&tb, "from_pod", &c.host_ifname, replies).unwrap();
     let dropped = verdicts.iter().filter(|v| **v == TC_ACT_SHOT).count();
     assert_eq!(dropped, 0, "{dropped} of {own} replies to a's own flows dropped: b's packets spent a's budget");
-    drop(policy);
-    for pod in 0..3 {
-        tb.del(pod).unwrap();
-    }
+    remove_pods(&tb, policy, 3);
 }
 
 /// Forged TCP segments between two subjects of this node: a's ACK, RST, FIN and SYN-ACK to a
@@ -240,10 +239,7 @@ fn forged_tcp_segments_between_two_subjects_pass_nothing_and_leave_nothing() {
     let rst = tcp_ports(b, a.ip, (22, 5000), 0x14);
     assert_eq!(prog_run::run(&tb, "from_pod", &b.host_ifname, rst).0, TC_ACT_SHOT, "b's RST passed");
     assert_eq!(policy.all_flows().len(), 0, "a RST created state");
-    drop(policy);
-    for pod in 0..2 {
-        tb.del(pod).unwrap();
-    }
+    remove_pods(&tb, policy, 2);
 }
 
 /// Attack (attack3): a peer that is not a pair peer (here x, a pod no policy isolates; a LAN
@@ -298,10 +294,7 @@ fn an_outsider_cannot_make_a_server_over_for_its_same_node_clients() {
             dropped += 1;
         }
     }
-    drop(policy);
-    for pod in 0..3 {
-        tb.del(pod).unwrap();
-    }
+    remove_pods(&tb, policy, 3);
     assert_eq!(dropped, 0, "{dropped} of 16 answers to p's allowed queries dropped: x keeps v over");
 }
 
@@ -343,9 +336,6 @@ fn a_busy_dns_server_keeps_its_same_node_clients_answers() {
             dropped += 1;
         }
     }
-    drop(policy);
-    for pod in 0..3 {
-        tb.del(pod).unwrap();
-    }
+    remove_pods(&tb, policy, 3);
     assert_eq!(dropped, 0, "{dropped} of 16 answers to p's allowed queries dropped: v is over from x's queries");
 }
