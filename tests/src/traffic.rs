@@ -56,6 +56,23 @@ pub fn tcp_connect(netns: &str, from_port: u16, to: impl Into<SocketAddr>) -> Re
     })
 }
 
+/// Asks `first` then `second` from one client port of `netns`: the kernel picks the port for
+/// the first connection, the second binds to it. (A fixed port could be an earlier flow's, in
+/// TIME_WAIT without SO_REUSEADDR, and then bind fails with "address in use".) Each server
+/// must answer a line.
+pub fn ask_twice_from_one_port(netns: &str, first: SocketAddr, second: SocketAddr) -> Result<()> {
+    let mut port = 0;
+    for to in [first, second] {
+        let mut stream = tcp_connect(netns, port, to)?;
+        port = stream.local_addr()?.port();
+        stream.write_all(b"hello")?;
+        let mut buf = [0u8; 64];
+        let n = stream.read(&mut buf).map_err(|e| anyhow!("{to}: connected, but no answer: {e}"))?;
+        anyhow::ensure!(n > 0, "{to}: closed without an answer");
+    }
+    Ok(())
+}
+
 /// A raw ICMP socket: sees every ICMP packet arriving in the namespace, with its source.
 pub fn icmp_listener(netns: &str) -> Result<Socket> {
     in_netns(netns, || {

@@ -8,10 +8,7 @@
 //!
 //! `EBPF_CNI_TESTS_POD_NETWORK=bridge` runs the same flows with the reference `bridge` plugin
 //! networking the pods: the check that the flows themselves are right.
-use std::{
-    io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddrV4},
-};
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 use ebpf_cni_tests::{
     EXT_SERVER,
@@ -303,17 +300,7 @@ fn paths_taken(lan: &Lan, flavour: Flavour) -> Vec<String> {
 /// (conntrack never saw that flow, so through the stack it would be INVALID and dropped).
 fn after_a_service(w: &World) -> Vec<(&'static str, anyhow::Result<()>)> {
     let (a, b) = (&w.client, &w.local);
-    let reused = || -> anyhow::Result<()> {
-        const CLIENT_PORT: u16 = 41_234;
-        for to in [vip("10.96.1.1:80"), addr(b.ip, TCP_PORT)] {
-            let mut stream = traffic::tcp_connect(&a.netns, CLIENT_PORT, to)?;
-            stream.write_all(b"hello")?;
-            let mut buf = [0u8; 64];
-            let n = stream.read(&mut buf).map_err(|e| anyhow::anyhow!("{to}: connected, but no answer: {e}"))?;
-            anyhow::ensure!(n > 0, "{to}: closed without an answer");
-        }
-        Ok(())
-    };
+    let reused = || traffic::ask_twice_from_one_port(&a.netns, vip("10.96.1.1:80").into(), addr(b.ip, TCP_PORT).into());
     let refused = || probe::port_unreachable(&a.netns, addr(b.ip, 9).into());
     vec![
         ("a direct connection reusing a Service connection's client port", reused()),

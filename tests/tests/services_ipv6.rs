@@ -11,10 +11,7 @@
 //! cover it), and ebpf-cni's own Service LB over IPv6 (`services_own.rs`, `nodeport.rs`).
 //! `EBPF_CNI_TESTS_POD_NETWORK=bridge` runs the same flows with the reference `bridge` plugin
 //! networking the pods: the check that the flows themselves are right.
-use std::{
-    io::{Read as _, Write as _},
-    net::{IpAddr, Ipv6Addr, SocketAddr},
-};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use ebpf_cni_tests::{
     flows::{self, Flow, Saw},
@@ -160,17 +157,7 @@ fn flows(lan: &Lan, w: &World) -> Vec<Flow> {
 /// the stack now, the pods having been delivered Service flows: `ebpf/src/ipv6.rs`.)
 fn after_a_service(w: &World) -> Vec<(&'static str, anyhow::Result<()>)> {
     let (a, b) = (w.client.netns.clone(), v6(&w.local));
-    let reused = || -> anyhow::Result<()> {
-        const CLIENT_PORT: u16 = 41_234;
-        for to in [vip(0, 80), SocketAddr::new(b.into(), TCP_PORT)] {
-            let mut stream = traffic::tcp_connect(&a, CLIENT_PORT, to)?;
-            stream.write_all(b"hello")?;
-            let mut buf = [0u8; 64];
-            let n = stream.read(&mut buf).map_err(|e| anyhow::anyhow!("{to}: connected, but no answer: {e}"))?;
-            anyhow::ensure!(n > 0, "{to}: closed without an answer");
-        }
-        Ok(())
-    };
+    let reused = || traffic::ask_twice_from_one_port(&a, vip(0, 80), SocketAddr::new(b.into(), TCP_PORT));
     let refused = || probe::port_unreachable(&a, SocketAddr::new(b.into(), 9));
     vec![
         ("IPv6: a direct connection reusing a Service connection's client port", reused()),
