@@ -17,10 +17,10 @@ use ebpf_cni_tests::{
     run_in,
 };
 use ebpf_common::{
-    DropReason, FAMILY_IPV4, FlowKey, HOST_VETHS_SLOTS, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
-    POLICY_EGRESS_ISOLATED, POLICY_FLOW_KEY_PAIR, POLICY_FLOW_KEY_SUBJECT_RECEIVES, POLICY_FLOW_KEY_SUBJECT_SENDS,
-    POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED, POLICY_NEW_ENTRIES_PER_SECOND,
-    PolicyEndpoint, PolicyFlow, host_veth_slot,
+    DropReason, FAMILY_IPV4, FLOW_TIMEOUT_UDP_NS, FlowKey, HOST_VETHS_SLOTS, POLICY_DIRECTION_EGRESS,
+    POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED, POLICY_FLOW_KEY_PAIR, POLICY_FLOW_KEY_SUBJECT_RECEIVES,
+    POLICY_FLOW_KEY_SUBJECT_SENDS, POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_INGRESS_ISOLATED,
+    POLICY_NEW_ENTRIES_PER_SECOND, PolicyEndpoint, PolicyFlow, host_veth_slot,
 };
 use serde_json::json;
 
@@ -197,9 +197,10 @@ fn udp_key(from: Ipv4Addr, to: Ipv4Addr, end: u8) -> FlowKey {
     key
 }
 
-/// The UDP flow b opened to a (b's egress and the reply's key), as `owner`'s entries.
-fn opened_by_b(policy: &mut Policy, a: Ipv4Addr, b: Ipv4Addr, owner: u64) {
-    let flow = |flags| PolicyFlow { last_seen_ns: now_ns(), owner, slot: 0, flags };
+/// The UDP flow b opened to a (b's egress and the reply's key), as `owner`'s entries, last
+/// seen `age_ns` ago.
+fn opened_by_b(policy: &mut Policy, a: Ipv4Addr, b: Ipv4Addr, owner: u64, age_ns: u64) {
+    let flow = |flags| PolicyFlow { last_seen_ns: now_ns() - age_ns, owner, slot: 0, flags };
     let original = flow(POLICY_FLOW_ORIGINAL | POLICY_FLOW_OPENER_OK);
     policy.flows.insert(udp_key(b, a, POLICY_FLOW_KEY_SUBJECT_SENDS), original, 0).unwrap();
     policy.flows.insert(udp_key(a, b, POLICY_FLOW_KEY_SUBJECT_RECEIVES), flow(POLICY_FLOW_OPENER_OK), 0).unwrap();
@@ -230,7 +231,7 @@ fn a_pod_at_a_deleted_pods_address_inherits_none_of_its_flows() {
 
     // The deleted pod's entries (another owner), with b's address and a's: a's datagram is
     // no reply of b's.
-    opened_by_b(&mut policy, a.ip, b.ip, b_owner ^ 0x5a5a);
+    opened_by_b(&mut policy, a.ip, b.ip, b_owner ^ 0x5a5a, 0);
     let denied = tb.drops(DropReason::PolicyDenied).unwrap();
     let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
     assert_eq!(verdict, TC_ACT_SHOT, "a's datagram passed on the deleted pod's entries");
@@ -238,9 +239,44 @@ fn a_pod_at_a_deleted_pods_address_inherits_none_of_its_flows() {
 
     // The same entries as b's own: the reply passes (the key is the one the check uses).
     policy.forget_flows();
-    opened_by_b(&mut policy, a.ip, b.ip, b_owner);
+    opened_by_b(&mut policy, a.ip, b.ip, b_owner, 0);
     let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
     assert_eq!(verdict, TC_ACT_REDIRECT, "the reply to b's own flow was dropped");
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// Entries age: b's UDP flow last seen its timeout (180 s) and two seconds ago is no entry, and
+/// a's datagram, judged as new, is dropped (b lets nothing in); seen ten seconds within its
+/// timeout, it is b's flow and the reply passes. So the checks' clock (`clock.rs`: the coarse
+/// clock, read once per tick on each CPU) is CLOCK_MONOTONIC to within a second, on whichever
+/// CPU runs the check and however long ago that CPU last read it.
+#[test]
+fn a_flow_entry_past_its_timeout_is_no_entry() {
+    let test = "a_flow_entry_past_its_timeout_is_no_entry";
+    let Some(mut tb) = Testbed::for_test(test, "polaj", "10.221.9.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, b) = (&pods[0], &pods[1]);
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(b.ip, B);
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 1, 0);
+    let b_owner = policy.entry(b.ip, B, 0, 0, 0).owner;
+    const SECOND: u64 = 1_000_000_000;
+    for round in 0..3 {
+        policy.forget_flows();
+        opened_by_b(&mut policy, a.ip, b.ip, b_owner, FLOW_TIMEOUT_UDP_NS + 2 * SECOND);
+        let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+        assert_eq!(verdict, TC_ACT_SHOT, "round {round}: a's datagram passed on an entry past its timeout");
+        policy.forget_flows();
+        opened_by_b(&mut policy, a.ip, b.ip, b_owner, FLOW_TIMEOUT_UDP_NS - 10 * SECOND);
+        let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+        assert_eq!(verdict, TC_ACT_REDIRECT, "round {round}: the reply to b's live flow was dropped");
+        // The next round a tick or more later: the clock read again, or kept from this one.
+        std::thread::sleep(std::time::Duration::from_millis(300 * round));
+    }
     drop(policy);
     for pod in 0..2 {
         tb.del(pod).unwrap();

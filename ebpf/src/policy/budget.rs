@@ -63,10 +63,10 @@
 //! packets pays the full check. Dropping it instead would turn a busy pod's allowed traffic
 //! into drops; not remembering costs only the cache. Plain read-modify-writes: two CPUs
 //! admitting one pod's flows in the same instant can lose a count (a little lenient).
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_coarse_ns};
+use aya_ebpf::bindings::BPF_NOEXIST;
 use ebpf_common::{POLICY_DIRECTION_EGRESS, POLICY_NEW_ENTRIES_PER_SECOND};
 
-use super::scratch::Scratch;
+use super::{clock, scratch::Scratch};
 use crate::maps;
 
 /// What one entry moves the bucket's time on by.
@@ -95,8 +95,7 @@ pub struct Budget {
 #[inline(never)]
 pub fn admit(s: &mut Scratch) -> bool {
     let budget = maps::POLICY_BUDGETS.get_ptr_mut(&s.budget_owner);
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = clock::now(s);
     let way = match s.budget_direction {
         PAIRS => 2,
         POLICY_DIRECTION_EGRESS => 1,
@@ -131,10 +130,9 @@ pub fn admit(s: &mut Scratch) -> bool {
 /// Whether the pod of `s.budget_owner` is over its pair entries' budget: that bucket refused
 /// one of its entries within the last second. Asked like [`admit`], and takes no stack either.
 #[inline(never)]
-pub fn over(s: &Scratch) -> bool {
+pub fn over(s: &mut Scratch) -> bool {
     let Some(budget) = maps::POLICY_BUDGETS.get_ptr(&s.budget_owner) else { return false };
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = clock::now(s);
     // SAFETY: an LRU value, valid while this program runs.
     let refused = unsafe { (*budget).refused_at_ns[2] };
     refused != 0 && now.saturating_sub(refused) < OVER_NS

@@ -17,15 +17,15 @@
 //! no entry: the 5-tuple's next packet is judged again. The LRU forgets the least recently used
 //! when full; the next packet of such a flow is judged again too (`verdict.rs`).
 //!
-//! Times are `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC at the tick's resolution): a fraction
-//! of the precise clock's cost per packet, and ages of seconds need no better.
-use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_coarse_ns};
+//! Times are `clock.rs`'s (CLOCK_MONOTONIC at the tick's resolution): a fraction of the precise
+//! clock's cost per packet, and ages of seconds need no better.
+use aya_ebpf::bindings::BPF_ANY;
 use ebpf_common::{
     FLOW_TIMEOUT_ICMP_NS, FLOW_TIMEOUT_TCP_FIN_NS, FLOW_TIMEOUT_TCP_NS, FLOW_TIMEOUT_UDP_NS, FlowKey,
     POLICY_FLOW_CLOSING, POLICY_FLOW_ORIGINAL, PolicyFlow,
 };
 
-use super::{budget, scratch::Scratch, tuple};
+use super::{budget, clock, scratch::Scratch, tuple};
 use crate::{
     flow::{PROTO_TCP, PROTO_UDP},
     maps,
@@ -83,9 +83,8 @@ pub fn remember(s: &mut Scratch, original: bool, side: u32, slot: u32) {
 /// not in registers that would spill onto the callers' stack.
 #[inline(always)]
 pub fn prepare(s: &mut Scratch, original: bool, side: u32, slot: u32) {
-    // SAFETY: plain helper call.
     s.flow = PolicyFlow {
-        last_seen_ns: unsafe { bpf_ktime_get_coarse_ns() },
+        last_seen_ns: clock::now(s),
         owner: s.subject.owner,
         slot,
         flags: side | if original { POLICY_FLOW_ORIGINAL } else { 0 },

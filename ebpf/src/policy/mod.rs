@@ -11,6 +11,7 @@
 //! - `pair.rs`: one entry and one lookup for both checks of a flow between two subjects of this
 //!   node.
 //! - `verdict.rs`: the checks themselves, and what a verdict counts and reports.
+//! - `clock.rs`: the checks' clock, read once per tick on each CPU.
 //! - `scratch.rs`: the checks' working memory (a per-CPU map value: the callers' frames leave
 //!   them little stack).
 //!
@@ -21,6 +22,7 @@
 //! stack delivers). A pod some policy isolates for ingress also has what it hands the stack
 //! noted (`POLICY_FLOW_VIA_STACK`), for the replies the stack translates back.
 pub mod budget;
+mod clock;
 mod flows;
 mod identity;
 mod pair;

@@ -28,10 +28,10 @@
 //! stack's path makes), and never vouches for a delivery that skips the check (a pod with an
 //! egress limit at either end). A receiver's check that denies leaves nothing: the packet is
 //! dropped, and the sender's verdict is not kept either.
-use aya_ebpf::{bindings::BPF_ANY, helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
+use aya_ebpf::{bindings::BPF_ANY, programs::TcContext};
 use ebpf_common::{POLICY_FLOW_CLOSING, POLICY_FLOW_KEY_PAIR};
 
-use super::{Subject, budget, flows, scratch, scratch::Scratch, tuple};
+use super::{Subject, budget, clock, flows, scratch, scratch::Scratch, tuple};
 use crate::{maps, packet};
 
 /// `verdict::allows`' `pairing`: `from_pod`'s check of a packet to a subject of this node.
@@ -119,8 +119,7 @@ pub fn cached(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
         }
     }
     key(s);
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = clock::now(s);
     let Some(entry) = flows::live(&s.pair_key, now, s.flow.owner) else { return false };
     // SAFETY: an LRU value, valid while this program runs.
     unsafe { flows::touch(entry, now, tuple::closes(s)) };
@@ -172,8 +171,7 @@ pub fn vouched_for(ctx: &TcContext, s: &Scratch, receiver: &Subject) -> bool {
 #[inline(never)]
 pub fn remember(s: &mut Scratch) {
     key(s);
-    // SAFETY: plain helper call.
-    s.flow.last_seen_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    s.flow.last_seen_ns = clock::now(s);
     s.flow.slot = 0;
     s.flow.flags = if tuple::closes(s) { POLICY_FLOW_CLOSING } else { 0 };
     if let Some(entry) = maps::POLICY_FLOWS.get_ptr_mut(&s.pair_key) {

@@ -71,6 +71,9 @@ pub struct Scratch {
     pub vouch_receiver: u32,
     pub vouch_sender_owner: u64,
     pub vouch_receiver_owner: u64,
+    /// `clock.rs`: the tick (`jiffies`) of the last clock read on this CPU, and that read.
+    pub clock_tick: u64,
+    pub clock_ns: u64,
     /// A new `POLICY_BUDGETS` value: last, so that the fields every check uses keep their
     /// places (cache lines) whatever its size.
     pub budget: super::budget::Budget,

@@ -15,13 +15,13 @@
 //!
 //! An ICMP error passes where a reply of the flow it quotes would (`tuple::inner`): never
 //! remembered, never opening anything. Others are judged as themselves (ICMP, no ports).
-use aya_ebpf::{bindings::__sk_buff, helpers::bpf_ktime_get_coarse_ns, programs::TcContext};
+use aya_ebpf::{bindings::__sk_buff, programs::TcContext};
 use ebpf_common::{
     IDENTITY_HOST, MONITOR_POLICY_ALLOWED, MONITOR_POLICY_DENIED, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS,
     POLICY_FLOW_OPENER_OK, POLICY_FLOW_ORIGINAL, POLICY_FLOW_RESPONDER_OK, POLICY_FLOW_VIA_STACK, PolicyEndpoint,
 };
 
-use super::{Subject, flows, identity, pair, rules, scratch, scratch::Scratch, tuple};
+use super::{Subject, clock, flows, identity, pair, rules, scratch, scratch::Scratch, tuple};
 use crate::{maps, monitor};
 
 /// Whether the packet in `ctx` may go out of (`POLICY_DIRECTION_EGRESS`) or into the pod
@@ -177,8 +177,7 @@ fn cached(s: &mut Scratch) -> bool {
     if tuple::opens(s) {
         return false;
     }
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = clock::now(s);
     let Some(entry) = flows::live(&s.key, now, s.subject.owner) else { return false };
     // SAFETY: an LRU value, valid while this program runs.
     let flags = unsafe { (*entry).flags };
@@ -307,8 +306,7 @@ fn note(ctx: &TcContext, subject: &Subject) {
     unsafe { core::ptr::copy_nonoverlapping(subject.endpoint, &raw mut s.subject, 1) };
     s.direction = POLICY_DIRECTION_EGRESS;
     tuple::own(s, true);
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = clock::now(s);
     if !tuple::opens(s)
         && let Some(entry) = flows::live(&s.key, now, s.subject.owner)
     {
