@@ -214,33 +214,42 @@ fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Two pods of a fresh node, a (identity A) and b (B), b letting nothing in: only the replies
+/// of what b itself opened get to it. Returns them, the policy maps and b's owner.
+fn b_closed_to_a(tb: &mut Testbed) -> (Vec<Attached>, Policy, u64) {
+    let pods = tb.add_attachments(2).unwrap();
+    let mut policy = Policy::open(tb);
+    policy.identity(pods[0].ip, A);
+    policy.identity(pods[1].ip, B);
+    policy.subject(pods[1].ip, B, POLICY_INGRESS_ISOLATED, 1, 0);
+    let b_owner = policy.entry(pods[1].ip, B, 0, 0, 0).owner;
+    (pods, policy, b_owner)
+}
+
+/// `from_pod`'s verdict on a's datagram to b, once the maps hold only b's UDP flow to a, as
+/// `owner`'s entries last seen `age_ns` ago.
+fn a_answers_b(tb: &Testbed, policy: &mut Policy, pods: &[Attached], owner: u64, age_ns: u64) -> u32 {
+    let (a, b) = (&pods[0], &pods[1]);
+    policy.forget_flows();
+    opened_by_b(policy, a.ip, b.ip, owner, age_ns);
+    prog_run::run(tb, "from_pod", &a.host_ifname, udp_frame(a, b)).0
+}
+
 /// A deleted pod's flow entries outlive it (an LRU); a new pod that gets its address (and the
 /// same ports) must not pass on them: an entry of another attachment is no entry.
 #[test]
 fn a_pod_at_a_deleted_pods_address_inherits_none_of_its_flows() {
     let test = "a_pod_at_a_deleted_pods_address_inherits_none_of_its_flows";
     let Some(mut tb) = Testbed::for_test(test, "polow", "10.221.0.0/24") else { return };
-    let pods = tb.add_attachments(2).unwrap();
-    let (a, b) = (&pods[0], &pods[1]);
-    let mut policy = Policy::open(&tb);
-    policy.identity(a.ip, A);
-    policy.identity(b.ip, B);
-    // b lets nothing in: only the replies of what b itself opened.
-    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 1, 0);
-    let b_owner = policy.entry(b.ip, B, 0, 0, 0).owner;
-
+    let (pods, mut policy, b_owner) = b_closed_to_a(&mut tb);
     // The deleted pod's entries (another owner), with b's address and a's: a's datagram is
     // no reply of b's.
-    opened_by_b(&mut policy, a.ip, b.ip, b_owner ^ 0x5a5a, 0);
     let denied = tb.drops(DropReason::PolicyDenied).unwrap();
-    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+    let verdict = a_answers_b(&tb, &mut policy, &pods, b_owner ^ 0x5a5a, 0);
     assert_eq!(verdict, TC_ACT_SHOT, "a's datagram passed on the deleted pod's entries");
     assert_eq!(tb.drops(DropReason::PolicyDenied).unwrap(), denied + 1);
-
     // The same entries as b's own: the reply passes (the key is the one the check uses).
-    policy.forget_flows();
-    opened_by_b(&mut policy, a.ip, b.ip, b_owner, 0);
-    let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+    let verdict = a_answers_b(&tb, &mut policy, &pods, b_owner, 0);
     assert_eq!(verdict, TC_ACT_REDIRECT, "the reply to b's own flow was dropped");
     drop(policy);
     for pod in 0..2 {
@@ -257,22 +266,12 @@ fn a_pod_at_a_deleted_pods_address_inherits_none_of_its_flows() {
 fn a_flow_entry_past_its_timeout_is_no_entry() {
     let test = "a_flow_entry_past_its_timeout_is_no_entry";
     let Some(mut tb) = Testbed::for_test(test, "polaj", "10.221.9.0/24") else { return };
-    let pods = tb.add_attachments(2).unwrap();
-    let (a, b) = (&pods[0], &pods[1]);
-    let mut policy = Policy::open(&tb);
-    policy.identity(a.ip, A);
-    policy.identity(b.ip, B);
-    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 1, 0);
-    let b_owner = policy.entry(b.ip, B, 0, 0, 0).owner;
+    let (pods, mut policy, b_owner) = b_closed_to_a(&mut tb);
     const SECOND: u64 = 1_000_000_000;
     for round in 0..3 {
-        policy.forget_flows();
-        opened_by_b(&mut policy, a.ip, b.ip, b_owner, FLOW_TIMEOUT_UDP_NS + 2 * SECOND);
-        let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+        let verdict = a_answers_b(&tb, &mut policy, &pods, b_owner, FLOW_TIMEOUT_UDP_NS + 2 * SECOND);
         assert_eq!(verdict, TC_ACT_SHOT, "round {round}: a's datagram passed on an entry past its timeout");
-        policy.forget_flows();
-        opened_by_b(&mut policy, a.ip, b.ip, b_owner, FLOW_TIMEOUT_UDP_NS - 10 * SECOND);
-        let (verdict, _) = prog_run::run(&tb, "from_pod", &a.host_ifname, udp_frame(a, b));
+        let verdict = a_answers_b(&tb, &mut policy, &pods, b_owner, FLOW_TIMEOUT_UDP_NS - 10 * SECOND);
         assert_eq!(verdict, TC_ACT_REDIRECT, "round {round}: the reply to b's live flow was dropped");
         // The next round a tick or more later: the clock read again, or kept from this one.
         std::thread::sleep(std::time::Duration::from_millis(300 * round));
