@@ -28,6 +28,47 @@ pub fn run_arrived(tb: &Testbed, name: &str, ifname: &str, arrived_on: &str, fra
     try_run_arrived(tb, name, ifname, Some(arrived_on), frame).unwrap()
 }
 
+/// The CPUs this process may run on, for [`run_on_cpu`].
+pub fn cpus() -> Vec<usize> {
+    // SAFETY: an all-zero `cpu_set_t` is an empty set; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid set of the size given.
+    let got = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+    assert_eq!(got, 0, "sched_getaffinity: {}", std::io::Error::last_os_error());
+    // SAFETY: indexes within the set.
+    (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
+}
+
+/// [`run`] on CPU `cpu`: what the programs keep per CPU (the policy checks' scratch value, the
+/// clock read kept there) is that CPU's. A test run stays on the CPU it starts on.
+pub fn run_on_cpu(tb: &Testbed, cpu: usize, name: &str, ifname: &str, frame: Vec<u8>) -> (u32, Vec<u8>) {
+    let pin = tb.loaded_version_dir().join("progs").join(name);
+    let ifname = CString::new(ifname).unwrap();
+    in_netns(&tb.node.name, move || {
+        // SAFETY: an all-zero `cpu_set_t` is an empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below `CPU_SETSIZE` (the callers' come from `cpus`); the set is valid.
+        let pinned = unsafe {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
+        };
+        anyhow::ensure!(pinned == 0, "pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+        let ctx = skb_context(&ifname, None)?;
+        let program = SchedClassifier::from_pin(&pin)?;
+        let mut out = vec![0u8; frame.len() + 64];
+        let options = TestRunOptions {
+            data_in: Some(&frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..Default::default()
+        };
+        let result = program.test_run(options)?;
+        out.truncate(result.data_size_out as usize);
+        Ok((result.return_value, out))
+    })
+    .unwrap()
+}
+
 /// Runs the pinned program `name` on `frame` `repeat` times in a row (as arriving on `ifname`),
 /// in the kernel: the verdict and the mean time of one run, the program's own cost per packet.
 /// State the program writes persists from run to run, as for a flow's packets.

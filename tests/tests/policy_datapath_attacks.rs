@@ -5,7 +5,7 @@
 use std::{
     fs,
     net::{Ipv4Addr, Ipv6Addr, SocketAddrV4},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use ebpf_cni_tests::{
@@ -200,7 +200,12 @@ fn udp_key(from: Ipv4Addr, to: Ipv4Addr, end: u8) -> FlowKey {
 /// The UDP flow b opened to a (b's egress and the reply's key), as `owner`'s entries, last
 /// seen `age_ns` ago.
 fn opened_by_b(policy: &mut Policy, a: Ipv4Addr, b: Ipv4Addr, owner: u64, age_ns: u64) {
-    let flow = |flags| PolicyFlow { last_seen_ns: now_ns() - age_ns, owner, slot: 0, flags };
+    opened_by_b_at(policy, a, b, owner, now_ns() - age_ns);
+}
+
+/// [`opened_by_b`], last seen at `last_seen_ns` (CLOCK_MONOTONIC; it may be in the future).
+fn opened_by_b_at(policy: &mut Policy, a: Ipv4Addr, b: Ipv4Addr, owner: u64, last_seen_ns: u64) {
+    let flow = |flags| PolicyFlow { last_seen_ns, owner, slot: 0, flags };
     let original = flow(POLICY_FLOW_ORIGINAL | POLICY_FLOW_OPENER_OK);
     policy.flows.insert(udp_key(b, a, POLICY_FLOW_KEY_SUBJECT_SENDS), original, 0).unwrap();
     policy.flows.insert(udp_key(a, b, POLICY_FLOW_KEY_SUBJECT_RECEIVES), flow(POLICY_FLOW_OPENER_OK), 0).unwrap();
@@ -275,6 +280,77 @@ fn a_flow_entry_past_its_timeout_is_no_entry() {
         assert_eq!(verdict, TC_ACT_REDIRECT, "round {round}: the reply to b's live flow was dropped");
         // The next round a tick or more later: the clock read again, or kept from this one.
         std::thread::sleep(std::time::Duration::from_millis(300 * round));
+    }
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
+/// The checks' clock is a coarse read kept per CPU until `jiffies` moves (`clock.rs`). On no
+/// CPU does it keep an entry past its timeout or end a live one early: not at a CPU's first
+/// check here (the first since the load, unless a pod's own packet came first: nothing kept),
+/// not on a CPU idle for 100 ms or 1.5 s since its last check (its kept read that old, NO_HZ
+/// having stopped its tick), not for entries from a clock ahead of the check's (CLOCK_MONOTONIC
+/// read precisely, as another CPU's newer read would be), not for an entry one CPU keeps alive
+/// and another reads. And what a check writes is CLOCK_MONOTONIC to within a few ticks.
+#[test]
+fn no_cpus_kept_clock_keeps_an_entry_past_its_timeout_or_ends_one_early() {
+    let test = "no_cpus_kept_clock_keeps_an_entry_past_its_timeout_or_ends_one_early";
+    let Some(mut tb) = Testbed::for_test(test, "polck", "10.221.10.0/24") else { return };
+    let (pods, mut policy, b_owner) = b_closed_to_a(&mut tb);
+    let (a, b) = (&pods[0], &pods[1]);
+    const MS: u64 = 1_000_000;
+    let timeout = FLOW_TIMEOUT_UDP_NS;
+    let cpus = prog_run::cpus();
+    let answer_on = |cpu| prog_run::run_on_cpu(&tb, cpu, "from_pod", &a.host_ifname, udp_frame(a, b)).0;
+    let b_flow_from = |policy: &mut Policy, last_seen_ns| {
+        policy.forget_flows();
+        opened_by_b_at(policy, a.ip, b.ip, b_owner, last_seen_ns);
+    };
+
+    for &cpu in &cpus {
+        b_flow_from(&mut policy, now_ns() - timeout - 50 * MS);
+        assert_eq!(answer_on(cpu), TC_ACT_SHOT, "CPU {cpu}'s first check: an entry past its timeout passed");
+    }
+    // The CPU's kept read is from before the entry was written; the entry's timeout comes 30 ms
+    // after it was written, the check 100 ms (or 1.5 s) after.
+    for idle_ms in [100, 1_500] {
+        for &cpu in &cpus {
+            policy.forget_flows();
+            assert_eq!(answer_on(cpu), TC_ACT_SHOT, "CPU {cpu}: no entry yet");
+            b_flow_from(&mut policy, now_ns() - timeout + 30 * MS);
+            std::thread::sleep(Duration::from_millis(idle_ms));
+            let verdict = answer_on(cpu);
+            assert_eq!(verdict, TC_ACT_SHOT, "CPU {cpu} idle {idle_ms} ms: an entry past its timeout passed");
+        }
+    }
+    let answer_key = udp_key(a.ip, b.ip, POLICY_FLOW_KEY_SUBJECT_RECEIVES);
+    for &cpu in &cpus {
+        b_flow_from(&mut policy, now_ns() + 20 * MS);
+        assert_eq!(answer_on(cpu), TC_ACT_REDIRECT, "CPU {cpu}: an entry from a clock ahead of its own was dropped");
+        // An entry 300 ms from its timeout, checked a second after the CPU's last check: live,
+        // and touched (last seen more than a second ago) with the check's now.
+        std::thread::sleep(Duration::from_secs(1));
+        b_flow_from(&mut policy, now_ns() - timeout + 300 * MS);
+        let before = now_ns();
+        assert_eq!(answer_on(cpu), TC_ACT_REDIRECT, "CPU {cpu}: a live entry was dropped");
+        let after = now_ns();
+        let seen = policy.flows.get(&answer_key, 0).unwrap().last_seen_ns;
+        let lag = before.saturating_sub(seen) / MS;
+        eprintln!("CPU {cpu}: the check's clock {lag} ms behind CLOCK_MONOTONIC");
+        assert!(
+            seen <= after && seen + 50 * MS >= before,
+            "CPU {cpu}: the check's clock {seen}, not {before}..{after}"
+        );
+    }
+    // Touched on one CPU, read on another after its old last seen would have put it past its
+    // timeout.
+    if let (Some(&one), Some(&other)) = (cpus.first(), cpus.last()) {
+        b_flow_from(&mut policy, now_ns() - timeout + 200 * MS);
+        assert_eq!(answer_on(one), TC_ACT_REDIRECT, "CPU {one}: a live entry was dropped");
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(answer_on(other), TC_ACT_REDIRECT, "CPU {other}: the entry CPU {one} kept alive was dropped");
     }
     drop(policy);
     for pod in 0..2 {
