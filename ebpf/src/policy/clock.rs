@@ -4,6 +4,12 @@
 //! helper call: 7 ns of the 80 an established flow's packet pays for both checks. The value is
 //! kept in the CPU's scratch value; it may lag the coarse clock by one tick (the tick moves
 //! `jiffies` just before the clock), which ages of seconds do not notice.
+//!
+//! Never ahead of CLOCK_MONOTONIC, and never more than about two ticks behind it (8 ms at
+//! HZ=250): a read kept is one made in the tick `jiffies` still names, and `jiffies` never
+//! stands still for long while anything runs: an idle CPU (NO_HZ) whose tick stopped brings it
+//! up to date as it wakes, before the packet's softirq. Entries written from another CPU's
+//! newer read are in this one's future, which ages take as age 0 (`flows::live`).
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 
 use super::scratch::Scratch;
@@ -13,10 +19,20 @@ use super::scratch::Scratch;
 pub fn now(s: &mut Scratch) -> u64 {
     // SAFETY: plain helper call (inlined by the verifier).
     let tick = unsafe { bpf_jiffies64() };
-    if tick != s.clock_tick || s.clock_ns == 0 {
-        s.clock_tick = tick;
-        // SAFETY: plain helper call.
-        s.clock_ns = unsafe { bpf_ktime_get_coarse_ns() };
+    if tick == s.clock_tick && s.clock_ns != 0 {
+        return s.clock_ns;
     }
-    s.clock_ns
+    // SAFETY: plain helper call.
+    let ns = unsafe { bpf_ktime_get_coarse_ns() };
+    // The read before its tick, in that order: a run on this CPU between the two writes would
+    // find the old tick and read the clock itself, never the new tick beside an old read
+    // (hours old, for a CPU that ran no check since). No TC run comes between (a CPU runs them
+    // one at a time, with bottom halves off), but a test run (`BPF_PROG_TEST_RUN`) can be
+    // interrupted by one.
+    // SAFETY: fields of this CPU's scratch value.
+    unsafe {
+        (&raw mut s.clock_ns).write_volatile(ns);
+        (&raw mut s.clock_tick).write_volatile(tick);
+    }
+    ns
 }
