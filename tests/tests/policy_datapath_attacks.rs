@@ -414,6 +414,70 @@ fn one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache() {
     }
 }
 
+/// `POLICY_BUDGETS` (not pinned) of the programs the node loaded, found by name among the maps
+/// `from_pod` uses: `budget::Budget`'s six words (when each bucket is full again, when each
+/// last refused) by owner.
+fn budgets(tb: &Testbed) -> aya::maps::HashMap<aya::maps::MapData, u64, [u64; 6]> {
+    use aya::{maps::MapData, programs::SchedClassifier};
+    let pin = tb.loaded_version_dir().join("progs").join("from_pod");
+    let program = SchedClassifier::from_pin(&pin).unwrap();
+    let ids = program.info().unwrap().map_ids().unwrap().unwrap();
+    let map = ids
+        .into_iter()
+        .map(|id| MapData::from_id(id).unwrap())
+        .find(|map| map.info().unwrap().name_as_str() == Some("POLICY_BUDGETS"))
+        .expect("from_pod uses POLICY_BUDGETS");
+    aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(map).unwrap()).unwrap()
+}
+
+/// A burst within a tick or a few, when every check on the CPU reads the same kept clock
+/// (`clock.rs`): 40,000 SYNs of a's in one test run, back to back in the kernel, each asking
+/// for two entries. The bucket gives no more than it holds and the rate over the burst's time:
+/// it ends full (when it is full again: at most a second after the burst) and records the
+/// refusal at the check's clock, which is CLOCK_MONOTONIC's.
+#[test]
+fn a_burst_within_a_tick_gets_no_more_than_a_full_bucket() {
+    let test = "a_burst_within_a_tick_gets_no_more_than_a_full_bucket";
+    let Some(mut tb) = Testbed::for_test(test, "polbt", "10.222.7.0/24") else { return };
+    let pods = tb.add_attachments(2).unwrap();
+    let (a, c) = (&pods[0], &pods[1]);
+    let mut policy = Policy::open(&tb);
+    policy.identity(a.ip, A);
+    policy.identity(c.ip, C);
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 0, 1);
+    policy.allow(A, C, POLICY_DIRECTION_EGRESS, TCP, None, 2);
+    let a_owner = policy.entry(a.ip, A, 0, 0, 0).owner;
+    let syn = frames::with_checksums(
+        [ethernet(a.host_mac, a.pod_mac, 0x0800), frames::ipv4(a.ip, c.ip, TCP, &frames::tcp(40_000, 80, 0x02))]
+            .concat(),
+    );
+    const SYNS: u32 = 40_000;
+    let started = now_ns();
+    let (verdict, mean) = prog_run::time(&tb, "from_pod", &a.host_ifname, syn, SYNS).unwrap();
+    let ended = now_ns();
+    assert_eq!(verdict, TC_ACT_REDIRECT);
+    let budget = budgets(&tb).get(&a_owner, 0).expect("a's budget");
+    let (full_at, refused_at) = (budget[1], budget[4]);
+    const SECOND: u64 = 1_000_000_000;
+    let per_entry = SECOND / u64::from(POLICY_NEW_ENTRIES_PER_SECOND);
+    let paid = full_at.saturating_sub(started) / per_entry;
+    let elapsed = (ended - started) as f64 / 1e9;
+    eprintln!(
+        "{SYNS} SYNs in {elapsed:.3} s ({mean:?} each): {paid} entries paid, the bucket full again in {} ms",
+        (full_at.saturating_sub(ended)) / 1_000_000
+    );
+    assert!(full_at <= ended + SECOND, "the bucket is full again {} ns after the burst: overdrawn", full_at - ended);
+    assert!(full_at + SECOND / 20 >= started + SECOND, "the burst did not empty the bucket: {paid} entries");
+    assert!(
+        refused_at + SECOND / 20 >= started && refused_at <= ended,
+        "the refusal recorded at {refused_at}, not within {started}..{ended}"
+    );
+    drop(policy);
+    for pod in 0..2 {
+        tb.del(pod).unwrap();
+    }
+}
+
 /// Flows between two subjects of this node cost one entry each (the pair entry), paid from the
 /// opener's egress budget: a flood of them is bounded the same way, and over the budget each
 /// flow is still judged by both pods' rules (allowed ones delivered, others dropped).
