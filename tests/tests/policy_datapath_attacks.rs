@@ -1,6 +1,7 @@
 //! NetworkPolicy in the datapath under the cases that would let a pod go unenforced or pass on
 //! state that is not its own: two pods whose host veths share a `POLICY_ENDPOINTS` slot, a new
-//! pod given a deleted pod's address, one pod opening flows without end, ICMP errors.
+//! pod given a deleted pod's address, one pod opening flows without end (in a burst within a
+//! tick too), entries aged by a clock each CPU keeps for a tick, ICMP errors.
 //! The maps are written straight from the test, as the agent would.
 use std::{
     fs,
