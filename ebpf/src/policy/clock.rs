@@ -18,21 +18,18 @@ use super::scratch::Scratch;
 #[inline(always)]
 pub fn now(s: &mut Scratch) -> u64 {
     // SAFETY: plain helper call (inlined by the verifier).
-    let tick = unsafe { bpf_jiffies64() };
-    if tick == s.clock_tick && s.clock_ns != 0 {
-        return s.clock_ns;
+    if unsafe { bpf_jiffies64() } != s.clock_tick || s.clock_ns == 0 {
+        // The read before its tick, in that order: a run on this CPU between the two writes
+        // would find the old tick and read the clock itself, never the new tick beside an old
+        // read (hours old, for a CPU that ran no check since). No TC run comes between (a CPU
+        // runs them one at a time, bottom halves off), but a test run (`BPF_PROG_TEST_RUN`,
+        // preemptible) can be interrupted by one. The tick is read again after the clock
+        // rather than kept across the helper call: a register less for the callers (spills).
+        // SAFETY: plain helper calls; fields of this CPU's scratch value.
+        unsafe {
+            (&raw mut s.clock_ns).write_volatile(bpf_ktime_get_coarse_ns());
+            (&raw mut s.clock_tick).write_volatile(bpf_jiffies64());
+        }
     }
-    // SAFETY: plain helper call.
-    let ns = unsafe { bpf_ktime_get_coarse_ns() };
-    // The read before its tick, in that order: a run on this CPU between the two writes would
-    // find the old tick and read the clock itself, never the new tick beside an old read
-    // (hours old, for a CPU that ran no check since). No TC run comes between (a CPU runs them
-    // one at a time, with bottom halves off), but a test run (`BPF_PROG_TEST_RUN`) can be
-    // interrupted by one.
-    // SAFETY: fields of this CPU's scratch value.
-    unsafe {
-        (&raw mut s.clock_ns).write_volatile(ns);
-        (&raw mut s.clock_tick).write_volatile(tick);
-    }
-    ns
+    s.clock_ns
 }
