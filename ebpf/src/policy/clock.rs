@@ -6,10 +6,14 @@
 //! `jiffies` just before the clock), which ages of seconds do not notice.
 //!
 //! Never ahead of CLOCK_MONOTONIC, and never more than about two ticks behind it (8 ms at
-//! HZ=250): a read kept is one made in the tick `jiffies` still names, and `jiffies` never
-//! stands still for long while anything runs: an idle CPU (NO_HZ) whose tick stopped brings it
-//! up to date as it wakes, before the packet's softirq. Entries written from another CPU's
-//! newer read are in this one's future, which ages take as age 0 (`flows::live`).
+//! HZ=250): a read is kept only for the tick `jiffies` named just after it, and `jiffies` does
+//! not stand still while anything runs: an idle CPU (NO_HZ) whose tick stopped brings it up to
+//! date as it wakes, before the packet's softirq. One exception, rare and short: the tick moves
+//! `jiffies` before the clock, and after every CPU idled, by the whole idle; a read on another
+//! CPU in that window (a microsecond) gets the clock from before the idle and keeps it for the
+//! rest of the tick on that CPU: ages look younger by the idle (seconds at most) for one tick,
+//! budgets are stricter. Entries written from another CPU's newer read are in this one's
+//! future, which ages take as age 0 (`flows::live`).
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 
 use super::scratch::Scratch;
