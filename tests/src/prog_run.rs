@@ -5,6 +5,10 @@ use std::{ffi::CString, time::Duration};
 
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
 use ebpf_common::DropReason;
+use nix::{
+    sched::{CpuSet, sched_getaffinity, sched_setaffinity},
+    unistd::Pid,
+};
 
 use crate::{Testbed, traffic::in_netns};
 
@@ -30,43 +34,23 @@ pub fn run_arrived(tb: &Testbed, name: &str, ifname: &str, arrived_on: &str, fra
 
 /// The CPUs this process may run on, for [`run_on_cpu`].
 pub fn cpus() -> Vec<usize> {
-    // SAFETY: an all-zero `cpu_set_t` is an empty set; the call fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid set of the size given.
-    let got = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
-    assert_eq!(got, 0, "sched_getaffinity: {}", std::io::Error::last_os_error());
-    // SAFETY: indexes within the set.
-    (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
+    let set = sched_getaffinity(Pid::from_raw(0)).expect("sched_getaffinity");
+    (0..CpuSet::count()).filter(|&cpu| set.is_set(cpu).unwrap_or(false)).collect()
 }
 
 /// [`run`] on CPU `cpu`: what the programs keep per CPU (the policy checks' scratch value, the
-/// clock read kept there) is that CPU's. A test run stays on the CPU it starts on.
+/// clock read kept there) is that CPU's. The calling thread is pinned to it for the call, and
+/// the thread that runs the program in the node's namespace inherits that; a test run stays on
+/// the CPU it starts on.
 pub fn run_on_cpu(tb: &Testbed, cpu: usize, name: &str, ifname: &str, frame: Vec<u8>) -> (u32, Vec<u8>) {
-    let pin = tb.loaded_version_dir().join("progs").join(name);
-    let ifname = CString::new(ifname).unwrap();
-    in_netns(&tb.node.name, move || {
-        // SAFETY: an all-zero `cpu_set_t` is an empty set.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `cpu` is below `CPU_SETSIZE` (the callers' come from `cpus`); the set is valid.
-        let pinned = unsafe {
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
-        };
-        anyhow::ensure!(pinned == 0, "pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
-        let ctx = skb_context(&ifname, None)?;
-        let program = SchedClassifier::from_pin(&pin)?;
-        let mut out = vec![0u8; frame.len() + 64];
-        let options = TestRunOptions {
-            data_in: Some(&frame),
-            data_out: Some(&mut out),
-            ctx_in: Some(&ctx),
-            ..Default::default()
-        };
-        let result = program.test_run(options)?;
-        out.truncate(result.data_size_out as usize);
-        Ok((result.return_value, out))
-    })
-    .unwrap()
+    let this_thread = Pid::from_raw(0);
+    let before = sched_getaffinity(this_thread).expect("sched_getaffinity");
+    let mut one = CpuSet::new();
+    one.set(cpu).expect("a CPU of the set's range");
+    sched_setaffinity(this_thread, &one).unwrap_or_else(|e| panic!("pinning to CPU {cpu}: {e}"));
+    let result = try_run(tb, name, ifname, frame);
+    sched_setaffinity(this_thread, &before).expect("restoring the thread's CPUs");
+    result.unwrap()
 }
 
 /// Runs the pinned program `name` on `frame` `repeat` times in a row (as arriving on `ifname`),
