@@ -129,7 +129,7 @@ fn serving(
 }
 
 /// Runs the calling thread on `cpu` alone, if the machine has it.
-fn pin_this_thread(cpu: usize) {
+pub fn pin_this_thread(cpu: usize) {
     let mut set = nix::sched::CpuSet::new();
     if set.set(cpu).is_ok() {
         let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);

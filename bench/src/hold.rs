@@ -1,6 +1,8 @@
 //! `--hold PATH`: builds one pod → pod path as the datapath or the cross-node section does, prints its namespaces
 //! and server address, and keeps it until Enter (or end of input), for looking at it with other
-//! tools meanwhile (perf, bpftool, ethtool, a hand-run iperf3).
+//! tools meanwhile (perf, bpftool, ethtool, a hand-run iperf3 or `--conn-client`).
+//! `--hold policy` and `--hold no-policy`: the NetworkPolicy section's nodes, with its 1,000
+//! policies and without, serving its connection rate's server.
 use std::io::BufRead as _;
 
 use anyhow::Result;
@@ -11,9 +13,14 @@ use crate::{
     two_nodes,
 };
 
-/// `cross`: the path across two nodes.
-pub fn run(path: Path, cross: bool, ours: &Plugin) -> Result<()> {
-    let pair = if cross { two_nodes::build(path, ours)? } else { topology::build(path, ours, Family::V4)? };
+/// `cross`: the path across two nodes. `policies`: the NetworkPolicy section's node with that
+/// many policies (`path` is then ebpf-cni).
+pub fn run(path: Path, cross: bool, policies: Option<usize>, ours: &Plugin) -> Result<()> {
+    let pair = match policies {
+        Some(policies) => crate::policy::node(ours, policies)?,
+        None if cross => two_nodes::build(path, ours)?,
+        None => topology::build(path, ours, Family::V4)?,
+    };
     println!("path {}", path.name());
     println!("client_ns {}", pair.client_ns);
     println!("server_ns {}", pair.server_ns);
@@ -21,6 +28,18 @@ pub fn run(path: Path, cross: bool, ours: &Plugin) -> Result<()> {
     if let Some(node) = pair.node() {
         println!("node_ns {}", node.node.name);
         println!("pins {}", node.loaded_version_dir().display());
+    }
+    if policies.is_some() {
+        // The connection rate's server, for a hand-run `--conn-client` (on the ping-pong's CPU).
+        let listen = std::net::SocketAddrV4::new(pair.server_ip.parse()?, crate::service_set::CONN_PORT);
+        let listener = ebpf_cni_tests::traffic::tcp_listener(&pair.server_ns, listen)?;
+        std::thread::spawn(move || {
+            crate::conn_rate::pin_this_thread(crate::sockperf::LATENCY_CPU);
+            for mut stream in listener.incoming().flatten() {
+                let _ = std::io::Write::write_all(&mut stream, b"x");
+            }
+        });
+        println!("serving {listen}");
     }
     println!("kept until Enter");
     let mut line = String::new();

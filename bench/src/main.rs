@@ -13,6 +13,7 @@ mod floor;
 mod full_maps;
 mod hold;
 mod iperf;
+mod live_cost;
 mod masquerade;
 mod policy;
 mod policy_cost;
@@ -88,6 +89,10 @@ enum HoldPath {
     Floor,
     /// Client and server namespaces routed through a third, no plugin (the cross-node section's).
     Routed,
+    /// The NetworkPolicy section's node with its 1,000 policies.
+    Policy,
+    /// The NetworkPolicy section's node without policy.
+    NoPolicy,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -180,6 +185,11 @@ fn run_bench(cli: Cli) -> Result<()> {
     };
     if let Some(hold) = cli.hold {
         use topology::Path::*;
+        let policies = match hold {
+            HoldPath::Policy => Some(1000),
+            HoldPath::NoPolicy => Some(0),
+            _ => None,
+        };
         let (path, cross) = match hold {
             HoldPath::EbpfCni => (EbpfCni, false),
             HoldPath::Bridge => (Bridge, false),
@@ -189,8 +199,9 @@ fn run_bench(cli: Cli) -> Result<()> {
             HoldPath::BareNodes => (BareNodes, true),
             HoldPath::Floor => (Floor, false),
             HoldPath::Routed => (Routed, true),
+            HoldPath::Policy | HoldPath::NoPolicy => (EbpfCni, false),
         };
-        return hold::run(path, cross, &ours);
+        return hold::run(path, cross, policies, &ours);
     }
     let settings = if cli.smoke {
         // 500 Services: every code path of 10,000 at a fraction of the restore's time.

@@ -8,7 +8,8 @@
 //! and p99 and new connections per second, client and server on one CPU for both (left to
 //! the scheduler, connections per second moved ±5 % from run to run with where it put them),
 //! 1,000 policies ÷ none, and `from_pod`'s own time per packet of an established flow
-//! (`policy_cost.rs`), which the round trips' noise cannot hide. With `--previous BINARY`, the
+//! (`policy_cost.rs`), which the round trips' noise cannot hide, and on the connections' live
+//! traffic (`live_cost.rs`), cold caches and all. With `--previous BINARY`, the
 //! previous release's node (no policy) is measured in the same rounds: the no-policy figures
 //! of this build ÷ it, the standing rule that allowed traffic without policy does not move.
 //! Then `policy_sync.rs`: a policy change and a pod label change → the datapath's verdict.
@@ -18,7 +19,7 @@ use anyhow::{Context, Result, ensure};
 use ebpf_cni_tests::{Plugin, traffic::in_netns};
 
 use crate::{
-    Settings, conn_rate, policy_cost,
+    Settings, conn_rate, live_cost, policy_cost,
     policy_set::{self, CLOSED_PORT, Cluster},
     policy_sync,
     report::{Better::*, Figure},
@@ -55,7 +56,7 @@ impl Flow {
 /// One flow's figures: with policies against none (`EbpfCni` = 1,000 policies, `NoPolicy`),
 /// when the build has NetworkPolicy; and without policy (`EbpfCni` = this build, `Previous`).
 /// Values in the order of [`measure`]'s: p50, p99, conn/s, and for pod → pod `from_pod`'s ns
-/// (an ACK, a SYN).
+/// (an ACK, a SYN; on live traffic a packet, a connection).
 struct Figures {
     policies: Option<Vec<Figure>>,
     none: Vec<Figure>,
@@ -76,6 +77,10 @@ impl Figures {
                 let name = "from_pod per packet, an established flow's ACK (BPF_PROG_TEST_RUN)";
                 all.push(Figure::new(section, name, "ns", Lower));
                 let name = "from_pod per packet, a new connection's SYN (BPF_PROG_TEST_RUN)";
+                all.push(Figure::new(section, name, "ns", Lower));
+                let name = "from_pod per packet of the connections (live, bpf_stats)";
+                all.push(Figure::new(section, name, "ns", Lower));
+                let name = "from_pod per connection, all its packets (live, bpf_stats)";
                 all.push(Figure::new(section, name, "ns", Lower));
             }
             all.into_iter().map(Figure::own_columns).collect::<Vec<_>>()
@@ -141,9 +146,14 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                 if *flow == Flow::PodToPod {
                     values.push(policy_cost::from_pod_ack(pair)?);
                     values.push(policy_cost::from_pod_syn(pair)?);
+                    let listen = SocketAddrV4::new(pair.server_ip.parse()?, CONN_PORT);
+                    let (per_run, per_connection) = live_cost::from_pod_per_connection(pair, listen)?;
+                    values.extend([per_run, per_connection]);
                 }
-                let per_packet = match values.get(3..5) {
-                    Some([ack, syn]) => format!(", from_pod ACK {ack:.0} ns, SYN {syn:.0} ns"),
+                let per_packet = match values.get(3..7) {
+                    Some([ack, syn, live, connection]) => format!(
+                        ", from_pod ACK {ack:.0} ns, SYN {syn:.0} ns, live {live:.0} ns a packet, {connection:.0} ns a connection"
+                    ),
                     _ => String::new(),
                 };
                 eprintln!(
@@ -175,7 +185,7 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
 /// A fresh node of `plugin` with the socket LB, the client and server pods, the measured
 /// Services in front of the server and, when `policies` > 0, that many NetworkPolicies; a
 /// pair whose clients dial the server itself.
-fn node(plugin: &Plugin, policies: usize) -> Result<Pair> {
+pub fn node(plugin: &Plugin, policies: usize) -> Result<Pair> {
     let pair = topology::build_socket_lb(plugin)?;
     let tb = pair.node().context("a CNI path has a node")?;
     let server: Ipv4Addr = pair.server_ip.parse()?;
