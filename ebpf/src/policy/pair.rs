@@ -93,8 +93,8 @@ fn key(s: &mut Scratch) {
 /// Whether the flow of the packet from `sender` to `receiver` has a live pair entry: then
 /// `from_pod` vouches for the packet to `receiver`'s check. One that has lives on. An ICMP
 /// error: the flow it quotes. A TCP SYN, a packet no policy judges: false (the checks see to
-/// them). Not inlined, nor [`remember`]: `from_pod`'s frame leaves them 64 bytes.
-#[inline(never)]
+/// them). Inlined into `verdict::policy_allows_pair`, whose frame it has to itself.
+#[inline(always)]
 pub fn cached(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
     let Some(s) = scratch::get() else { return false };
     // SAFETY: this CPU's scratch value, used by this program run alone.
@@ -128,7 +128,7 @@ pub fn cached(ctx: &TcContext, sender: &Subject, receiver: &Subject) -> bool {
 }
 
 /// Keys the ICMP error in `s` as the reply of the packet it quotes (`tuple::inner`). Not
-/// inlined: [`cached`]'s frame has no stack for it.
+/// inlined: the pair check's frame (`verdict::policy_allows_pair`) has no stack for it.
 #[inline(never)]
 fn quoted(ctx: &TcContext, s: &mut Scratch) -> bool {
     tuple::inner(ctx, s)
