@@ -2,6 +2,7 @@
 //! ceilings (a bare veth pair, loopback), every path built fresh on throwaway namespaces, rounds
 //! interleaved so drift hits all alike. Writes `bench/results/<date>.md` and `.svg` and prints
 //! the table. `--smoke` runs every measurement briefly and only checks that each figure came out.
+mod add_loop;
 mod chart;
 mod cold;
 mod conn_rate;
@@ -70,6 +71,10 @@ struct Cli {
     /// Build one pod → pod path, print its namespaces and keep it until Enter; measures nothing.
     #[arg(long, value_enum)]
     hold: Option<HoldPath>,
+    /// With this many pods on ebpf-cni's control-plane node, ADD and DEL one more for
+    /// `--seconds`, for a profiler to watch; measures nothing else.
+    #[arg(long)]
+    add_loop: Option<usize>,
     /// The connection-rate client, run by the bench itself in a client's namespace (and cgroup):
     /// connects to this address for `--seconds`, prints connections per second.
     #[arg(long, hide = true)]
@@ -183,6 +188,9 @@ fn run_bench(cli: Cli) -> Result<()> {
         Some(binary) => Plugin { binary: binary.clone() },
         None => Plugin::from_env()?,
     };
+    if let Some(pods) = cli.add_loop {
+        return add_loop::run(&ours, pods, cli.seconds);
+    }
     if let Some(hold) = cli.hold {
         use topology::Path::*;
         let policies = match hold {
