@@ -92,10 +92,12 @@ impl Policy {
 
     /// Allows `subject` ↔ `peer` in `direction` for `protocol`, on `port` or every port.
     pub fn allow(&mut self, subject: u32, peer: u32, direction: u8, protocol: u8, port: Option<u16>, slot: u32) {
-        let bits = if port.is_some() { POLICY_RULE_FULL_BITS } else { POLICY_RULE_ANY_PORT_BITS };
-        let data =
-            PolicyRuleKey { subject, peer, direction, protocol, port_be: port.unwrap_or_default().to_be_bytes() };
-        self.rules.insert(&Key::new(bits, data), PolicyRule { slot, pad: 0 }, 0).unwrap();
+        self.rules.insert(&rule_key(subject, peer, direction, protocol, port), PolicyRule { slot, pad: 0 }, 0).unwrap();
+    }
+
+    /// Takes back what [`Policy::allow`] allowed with the same arguments (a policy changed).
+    pub fn disallow(&mut self, subject: u32, peer: u32, direction: u8, protocol: u8, port: Option<u16>) {
+        self.rules.remove(&rule_key(subject, peer, direction, protocol, port)).unwrap();
     }
 
     /// `POLICY_FLOWS` entries with `ip` on either side.
@@ -119,6 +121,16 @@ impl Policy {
         let values = self.counts.get(&slot, 0).unwrap();
         values.iter().fold((0, 0), |(a, d), c| (a + c.allowed_flows, d + c.denied_flows))
     }
+}
+
+/// The `POLICY_RULES` key of `subject` ↔ `peer` in `direction` for `protocol`, on `port` or
+/// every port.
+fn rule_key(subject: u32, peer: u32, direction: u8, protocol: u8, port: Option<u16>) -> Key<PolicyRuleKey> {
+    let bits = if port.is_some() { POLICY_RULE_FULL_BITS } else { POLICY_RULE_ANY_PORT_BITS };
+    Key::new(
+        bits,
+        PolicyRuleKey { subject, peer, direction, protocol, port_be: port.unwrap_or_default().to_be_bytes() },
+    )
 }
 
 pub const A: u32 = 256;

@@ -12,8 +12,9 @@ use ebpf_cni_tests::{
     prog_run::{self, TC_ACT_REDIRECT, TC_ACT_SHOT},
 };
 use ebpf_common::{
-    DropReason, FlowKey, POLICY_DIRECTION_EGRESS, POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED,
-    POLICY_FLOW_KEY_PAIR, POLICY_INGRESS_ISOLATED, POLICY_NEW_ENTRIES_PER_SECOND,
+    DropReason, FLOW_TIMEOUT_TCP_FIN_NS, FLOW_TIMEOUT_TCP_NS, FlowKey, POLICY_DIRECTION_EGRESS,
+    POLICY_DIRECTION_INGRESS, POLICY_EGRESS_ISOLATED, POLICY_FLOW_CLOSING, POLICY_FLOW_KEY_PAIR,
+    POLICY_INGRESS_ISOLATED, POLICY_NEW_ENTRIES_PER_SECOND, PolicyEndpoint, PolicyFlow,
 };
 
 fn pair_keys(policy: &Policy) -> Vec<FlowKey> {
@@ -338,4 +339,191 @@ fn a_busy_dns_server_keeps_its_same_node_clients_answers() {
     }
     remove_pods(&tb, policy, 3);
     assert_eq!(dropped, 0, "{dropped} of 16 answers to p's allowed queries dropped: v is over from x's queries");
+}
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+const FIN: u8 = 0x01;
+const RST: u8 = 0x04;
+
+/// CLOCK_MONOTONIC, the clock the entries' times are on.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a plain call with a valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `from_pod`'s verdict on `frame` from `from`, on `cpu`: the per-CPU scratch value the checks
+/// share is the one every run of a test's sequence finds (what one packet left, the next reads).
+fn verdict_on(tb: &Testbed, cpu: usize, from: &Attached, frame: Vec<u8>) -> u32 {
+    prog_run::run_on_cpu(tb, cpu, "from_pod", &from.host_ifname, frame).0
+}
+
+/// A TCP connection between two subjects of this node, each isolated both ways, once its pair
+/// entry is all that allows it (the rules that allowed it taken back): its segments (ACK, FIN,
+/// RST, either way) and an ICMP error about it ride the entry; a SYN never does, nor a forged
+/// segment of another connection between the same pods, run right after a segment that rode
+/// (the pair lookup's tuple left in the CPU's scratch value is not what the sender's check
+/// judges). The same entry of another pair of pods (a deleted pod's, its address reused), or
+/// past its timeout, is no entry: the sender's check, called when the pair lookup misses,
+/// judges the packet and denies it.
+#[test]
+fn a_pair_flows_packets_ride_its_entry_only_while_it_is_theirs_and_live() {
+    let test = "a_pair_flows_packets_ride_its_entry_only_while_it_is_theirs_and_live";
+    let Some(mut tb) = Testbed::for_test(test, "polpl", "10.226.11.0/24") else { return };
+    let (pods, mut policy) = pods_with_identities(&mut tb, 2);
+    let (a, b) = (&pods[0], &pods[1]);
+    let cpu = prog_run::cpus()[0];
+    let both = POLICY_INGRESS_ISOLATED | POLICY_EGRESS_ISOLATED;
+    policy.subject(a.ip, A, both, 1, 1);
+    policy.subject(b.ip, B, both, 2, 2);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, TCP, Some(80), 1);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, TCP, Some(80), 2);
+    let from_a = |flags| tcp_ports(a, b.ip, (5000, 80), flags);
+    let from_b = |flags| tcp_ports(b, a.ip, (80, 5000), flags);
+    let error_about_a = || icmp_error(b, a.ip, (3, 3), &from_a(ACK)[14..]);
+    assert_eq!(verdict_on(&tb, cpu, a, from_a(SYN)), TC_ACT_REDIRECT, "a's SYN");
+    assert_eq!(verdict_on(&tb, cpu, b, from_b(SYN | ACK)), TC_ACT_REDIRECT, "b's SYN-ACK");
+    let pairs = pair_keys(&policy);
+    assert_eq!(pairs.len(), 1, "the connection has no pair entry");
+    let key = pairs[0];
+
+    // The policy changes: nothing allows the connection but its entry.
+    policy.disallow(A, B, POLICY_DIRECTION_EGRESS, TCP, Some(80));
+    policy.disallow(B, A, POLICY_DIRECTION_INGRESS, TCP, Some(80));
+    let forged = tcp_ports(a, b.ip, (5001, 80), ACK);
+    for round in 0..2 {
+        assert_eq!(verdict_on(&tb, cpu, a, from_a(ACK)), TC_ACT_REDIRECT, "round {round}: a's ACK");
+        // Right after a packet that rode the entry, on the same CPU: judged on its own tuple.
+        assert_eq!(verdict_on(&tb, cpu, a, forged.clone()), TC_ACT_SHOT, "round {round}: a forged ACK passed");
+        assert_eq!(verdict_on(&tb, cpu, b, from_b(ACK)), TC_ACT_REDIRECT, "round {round}: b's ACK");
+        assert_eq!(verdict_on(&tb, cpu, b, error_about_a()), TC_ACT_REDIRECT, "round {round}: the ICMP error");
+        // A new connection on the same ports gets today's policy: none.
+        assert_eq!(verdict_on(&tb, cpu, a, from_a(SYN)), TC_ACT_SHOT, "round {round}: a SYN rode the entry");
+    }
+    assert_eq!(policy.all_flows(), vec![key], "a denied packet left state");
+
+    // The entry as another pair of pods' (an owner of neither), then past its timeouts: none.
+    let entry = policy.flows.get(&key, 0).unwrap();
+    let second = 1_000_000_000;
+    let mut unlive = vec![
+        ("of other pods", PolicyFlow { owner: entry.owner ^ 0x5a5a, last_seen_ns: now_ns(), ..entry }),
+        (
+            "closing past its timeout",
+            PolicyFlow {
+                last_seen_ns: now_ns() - FLOW_TIMEOUT_TCP_FIN_NS - 2 * second,
+                flags: entry.flags | POLICY_FLOW_CLOSING,
+                ..entry
+            },
+        ),
+    ];
+    // Idle past a day: only on a machine up for longer (CLOCK_MONOTONIC starts at boot).
+    if let Some(seen) = now_ns().checked_sub(FLOW_TIMEOUT_TCP_NS + 2 * second) {
+        unlive.push(("idle past its timeout", PolicyFlow { last_seen_ns: seen, ..entry }));
+    }
+    let denied = tb.drops(DropReason::PolicyDenied).unwrap();
+    for (what, flow) in &unlive {
+        policy.flows.insert(key, flow, 0).unwrap();
+        assert_eq!(verdict_on(&tb, cpu, a, from_a(ACK)), TC_ACT_SHOT, "a's ACK rode an entry {what}");
+        assert_eq!(verdict_on(&tb, cpu, b, from_b(ACK)), TC_ACT_SHOT, "b's ACK rode an entry {what}");
+        assert_eq!(verdict_on(&tb, cpu, b, error_about_a()), TC_ACT_SHOT, "an ICMP error rode an entry {what}");
+    }
+    assert_eq!(tb.drops(DropReason::PolicyDenied).unwrap(), denied + 3 * unlive.len() as u64);
+    // Live and theirs again: the key is the one the checks look up; then the connection closes.
+    policy.flows.insert(key, PolicyFlow { last_seen_ns: now_ns(), ..entry }, 0).unwrap();
+    for (from, frame, what) in
+        [(a, from_a(FIN | ACK), "a's FIN"), (b, from_b(FIN | ACK), "b's FIN"), (a, from_a(RST), "a's RST")]
+    {
+        assert_eq!(verdict_on(&tb, cpu, from, frame), TC_ACT_REDIRECT, "{what}");
+    }
+    let closing = policy.flows.get(&key, 0).unwrap();
+    assert_ne!(closing.flags & POLICY_FLOW_CLOSING, 0, "a FIN did not start the entry's closing");
+    remove_pods(&tb, policy, 2);
+}
+
+/// b's ICMP error to a (two subjects of this node) about a flow that has no pair entry: the
+/// pair lookup re-keyed the tuple as the flow it quotes, so the sender's check, called next,
+/// must read the packet again and judge the error as itself (ICMP, no ports), never as the
+/// UDP flow it quotes, which b's rules allow: dropped. With b's egress open to ICMP, allowed
+/// (judged as itself), and still no pair entry. The same for an error whose quote is cut short
+/// (the pair lookup gives up half-way through keying it).
+#[test]
+fn an_icmp_error_without_a_pair_entry_is_judged_as_itself() {
+    let test = "an_icmp_error_without_a_pair_entry_is_judged_as_itself";
+    let Some(mut tb) = Testbed::for_test(test, "polpe", "10.226.12.0/24") else { return };
+    let (pods, mut policy) = pods_with_identities(&mut tb, 2);
+    let (a, b) = (&pods[0], &pods[1]);
+    let cpu = prog_run::cpus()[0];
+    // a is a subject whose ingress is open; b may send a UDP to port 4000 and nothing else.
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 1, 1);
+    policy.subject(b.ip, B, POLICY_EGRESS_ISOLATED, 2, 2);
+    policy.allow(B, A, POLICY_DIRECTION_EGRESS, UDP, Some(4000), 2);
+    // The rule is the one meant: b's datagram (another flow than the quoted one) passes.
+    let datagram = udp_ports(b, a.ip, (54, 4000));
+    assert_eq!(verdict_on(&tb, cpu, b, datagram), TC_ACT_REDIRECT, "b's datagram to a's port 4000");
+    policy.forget_flows();
+
+    // a's datagram a:4000 → b:53, never sent: the error keyed as its reply is b:53 → a:4000.
+    let quoted = udp_ports(a, b.ip, (4000, 53));
+    let error = icmp_error(b, a.ip, (3, 3), &quoted[14..]);
+    let cut = {
+        let icmp = [&[3, 3, 0, 0, 0, 0, 0, 0][..], &quoted[14..34]].concat();
+        let packet = frames::ipv4(b.ip, a.ip, 1, &icmp);
+        frames::with_checksums([ethernet(b.host_mac, b.pod_mac, 0x0800), packet].concat())
+    };
+    for (frame, what) in [(&error, "an error"), (&cut, "an error quoting a cut packet")] {
+        // A packet whose pair lookup hit first, on the same CPU (its tuple left in the scratch).
+        assert_eq!(verdict_on(&tb, cpu, b, frame.clone()), TC_ACT_SHOT, "{what} passed as the flow it quotes");
+    }
+    assert!(policy.all_flows().is_empty(), "a denied error left state");
+    policy.allow(B, A, POLICY_DIRECTION_EGRESS, 1, None, 2);
+    for (frame, what) in [(&error, "an error"), (&cut, "an error quoting a cut packet")] {
+        assert_eq!(verdict_on(&tb, cpu, b, frame.clone()), TC_ACT_REDIRECT, "{what} to a, allowed as ICMP, dropped");
+    }
+    assert!(pair_keys(&policy).is_empty(), "an ICMP error wrote a pair entry");
+    remove_pods(&tb, policy, 2);
+}
+
+/// A flow between two subjects, known by its pair entry, when the receiver stops being a
+/// subject (its `POLICY_ENDPOINTS` entry with no flags, or cleared): the pair lookup is not
+/// made, and the sender's check judges alone. The sender's rules taken back, its mid-stream ACK
+/// is dropped (the pair entry is not the sender's own); given back, it passes. The receiver a
+/// subject again: the pair entry carries the flow once more.
+#[test]
+fn a_receiver_that_stops_being_a_subject_leaves_the_sender_to_its_own_check() {
+    let test = "a_receiver_that_stops_being_a_subject_leaves_the_sender_to_its_own_check";
+    let Some(mut tb) = Testbed::for_test(test, "polps", "10.226.13.0/24") else { return };
+    let (pods, mut policy) = pods_with_identities(&mut tb, 2);
+    let (a, b) = (&pods[0], &pods[1]);
+    let cpu = prog_run::cpus()[0];
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 1, 1);
+    policy.subject(b.ip, B, POLICY_INGRESS_ISOLATED, 2, 2);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, TCP, Some(80), 1);
+    policy.allow(B, A, POLICY_DIRECTION_INGRESS, TCP, Some(80), 2);
+    let from_a = |flags| tcp_ports(a, b.ip, (5000, 80), flags);
+    assert_eq!(verdict_on(&tb, cpu, a, from_a(SYN)), TC_ACT_REDIRECT, "a's SYN");
+    assert_eq!(pair_keys(&policy).len(), 1, "the connection has no pair entry");
+    policy.disallow(A, B, POLICY_DIRECTION_EGRESS, TCP, Some(80));
+    assert_eq!(verdict_on(&tb, cpu, a, from_a(ACK)), TC_ACT_REDIRECT, "a's ACK on the pair entry");
+
+    let b_entry = policy.entry(b.ip, B, POLICY_INGRESS_ISOLATED, 2, 2);
+    let slot = ebpf_common::host_veth_slot(b_entry.ifindex);
+    let not_a_subject = [PolicyEndpoint { flags: 0, ..b_entry }, PolicyEndpoint { ifindex: 0, flags: 0, ..b_entry }];
+    for (i, entry) in not_a_subject.iter().enumerate() {
+        policy.subjects.set(slot, entry, 0).unwrap();
+        assert_eq!(verdict_on(&tb, cpu, a, from_a(ACK)), TC_ACT_SHOT, "{i}: a's ACK rode the pair entry alone");
+    }
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, TCP, Some(80), 1);
+    assert_eq!(verdict_on(&tb, cpu, a, from_a(ACK)), TC_ACT_REDIRECT, "a's ACK its rules allow");
+    // b a subject again, every rule taken back, a's own entries (of the ACK just judged) gone:
+    // only the pair entry can carry the flow.
+    policy.disallow(A, B, POLICY_DIRECTION_EGRESS, TCP, Some(80));
+    policy.disallow(B, A, POLICY_DIRECTION_INGRESS, TCP, Some(80));
+    for key in policy.all_flows().into_iter().filter(|k| k.pad[0] != POLICY_FLOW_KEY_PAIR) {
+        policy.flows.remove(&key).unwrap();
+    }
+    policy.subjects.set(slot, b_entry, 0).unwrap();
+    assert_eq!(verdict_on(&tb, cpu, a, from_a(ACK)), TC_ACT_REDIRECT, "a's ACK on the pair entry again");
+    remove_pods(&tb, policy, 2);
 }
