@@ -711,3 +711,52 @@ fn icmpv6_errors_about_an_allowed_flow_pass_and_no_others() {
         tb.del(pod).unwrap();
     }
 }
+
+/// The IPv6 path of `from_pod` makes the pair check's two calls too (the pair lookup, then the
+/// sender's check when it misses): b's ICMPv6 port unreachable to a, two subjects of this node,
+/// about a's datagram before the flow has its pair entry is judged as itself (ICMPv6, no ports)
+/// by b's egress, never as the flow it quotes, whose reply b's rules allow: dropped, on the same
+/// CPU right after a packet whose pair lookup hit. Once a's datagram made the flow's pair entry,
+/// the same error, and b's reply, ride it.
+#[test]
+fn icmpv6_errors_between_two_subjects_ride_the_pair_entry_or_are_judged_as_themselves() {
+    let test = "icmpv6_errors_between_two_subjects_ride_the_pair_entry_or_are_judged_as_themselves";
+    let Some(mut tb) = Testbed::for_test(test, "polpe6", "10.236.1.0/24") else { return };
+    let pods = add_pods6(&mut tb, ["10.236.1.0/24", "fd00:10:236:1::/64"], 3);
+    let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
+    let mut policy = Policy::open(&tb);
+    for (pod, id) in [(a, A), (b, B), (c, C)] {
+        policy.identity(pod.ip, id);
+    }
+    let cpu = prog_run::cpus()[0];
+    let run = |from: &Pod6, frame| prog_run::run_on_cpu(&tb, cpu, "from_pod", &from.host_ifname, frame).0;
+    // a may send UDP to port 53 (its ingress is open); b to port 4000 and nothing else.
+    policy.subject(a.ip, A, POLICY_EGRESS_ISOLATED, 1, 1);
+    policy.allow(A, B, POLICY_DIRECTION_EGRESS, UDP, Some(53), 1);
+    policy.allow(A, C, POLICY_DIRECTION_EGRESS, UDP, Some(53), 1);
+    policy.subject(b.ip, B, POLICY_EGRESS_ISOLATED, 2, 2);
+    policy.allow(B, A, POLICY_DIRECTION_EGRESS, UDP, Some(4000), 2);
+    policy.subject(c.ip, C, POLICY_INGRESS_ISOLATED, 3, 3);
+    policy.allow(C, A, POLICY_DIRECTION_INGRESS, UDP, Some(53), 3);
+    let datagram = udp6(a, b.ip, (4000, 53));
+    let error = icmp6_error(b, a.ip, (1, 4), &datagram[14..]);
+    // a's datagram to c makes a pair entry, and its next one rides it (the lookup hits).
+    let to_c = udp6(a, c.ip, (4000, 53));
+    assert_eq!(run(a, to_c.clone()), TC_ACT_REDIRECT, "a's datagram to c");
+    assert_eq!(pair_keys(&policy).len(), 1, "a's flow to c has no pair entry");
+    assert_eq!(run(a, to_c), TC_ACT_REDIRECT, "a's datagram to c on its pair entry");
+    let denied = tb.drops(DropReason::PolicyDenied).unwrap();
+    assert_eq!(run(b, error.clone()), TC_ACT_SHOT, "an error about no flow passed as the flow it quotes");
+    assert_eq!(tb.drops(DropReason::PolicyDenied).unwrap(), denied + 1);
+    assert_eq!(pair_keys(&policy).len(), 1, "a denied error left a pair entry");
+
+    assert_eq!(run(a, datagram), TC_ACT_REDIRECT, "a's datagram to b");
+    assert_eq!(pair_keys(&policy).len(), 2, "a's flow to b has no pair entry");
+    assert_eq!(run(b, error), TC_ACT_REDIRECT, "the error about a's flow, on its pair entry");
+    assert_eq!(run(b, udp6(b, a.ip, (53, 4000))), TC_ACT_REDIRECT, "b's reply to a");
+    assert_eq!(pair_keys(&policy).len(), 2, "the error or the reply wrote a pair entry");
+    drop(policy);
+    for pod in 0..3 {
+        tb.del(pod).unwrap();
+    }
+}
