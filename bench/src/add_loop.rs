@@ -20,6 +20,11 @@ pub fn run(ours: &Plugin, pods: usize, seconds: u32) -> Result<()> {
         adds.push(add);
         dels.push(node.del(pod)?);
     }
-    eprintln!("add-loop: {} cycles, ADD p50 {:.2} ms, DEL p50 {:.2} ms", adds.values().len(), adds.median(), dels.median());
+    eprintln!(
+        "add-loop: {} cycles, ADD p50 {:.2} ms, DEL p50 {:.2} ms",
+        adds.values().len(),
+        adds.median(),
+        dels.median()
+    );
     Ok(())
 }
