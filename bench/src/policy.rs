@@ -9,7 +9,9 @@
 //! the scheduler, connections per second moved ±5 % from run to run with where it put them),
 //! 1,000 policies ÷ none, and `from_pod`'s own time per packet of an established flow
 //! (`policy_cost.rs`), which the round trips' noise cannot hide, and on the connections' live
-//! traffic (`live_cost.rs`), cold caches and all. With `--previous BINARY`, the
+//! traffic (`live_cost.rs`), cold caches and all. The policy node is also measured with its
+//! policies and with them taken away, by turns on that one node (`measure_toggled`): the two
+//! nodes' placements then play no part in the ratio. With `--previous BINARY`, the
 //! previous release's node (no policy) is measured in the same rounds: the no-policy figures
 //! of this build ÷ it, the standing rule that allowed traffic without policy does not move.
 //! Then `policy_sync.rs`: a policy change and a pod label change → the datapath's verdict.
@@ -43,6 +45,14 @@ impl Flow {
         }
     }
 
+    /// The section of the figures measured on the policy node with its policies and without.
+    fn toggled_section(self) -> &'static str {
+        match self {
+            Flow::PodToPod => "pod → pod, 1,000 NetworkPolicies on and off, one node",
+            Flow::ClusterIp => "pod → ClusterIP → pod, 1,000 NetworkPolicies on and off, one node",
+        }
+    }
+
     fn section(self, policies: bool) -> &'static str {
         match (self, policies) {
             (Flow::PodToPod, true) => "pod → pod, 1,000 NetworkPolicies",
@@ -60,6 +70,9 @@ impl Flow {
 struct Figures {
     policies: Option<Vec<Figure>>,
     none: Vec<Figure>,
+    /// Ping-pong p50 and connections/s on the policy node, its policies on (`EbpfCni`) and off
+    /// (`NoPolicy`): [`measure_toggled`].
+    toggled: Option<Vec<Figure>>,
 }
 
 impl Figures {
@@ -85,7 +98,28 @@ impl Figures {
             }
             all.into_iter().map(Figure::own_columns).collect::<Vec<_>>()
         };
-        Self { policies: policies.then(|| make(true)), none: make(false) }
+        let toggled = || {
+            let section = flow.toggled_section();
+            [
+                Figure::new(section, "TCP ping-pong RTT p50 (same CPU)", "µs", Lower),
+                Figure::new(section, "TCP connections, one at a time (same CPU)", "conn/s", Higher),
+            ]
+            .into_iter()
+            .map(Figure::own_columns)
+            .collect()
+        };
+        Self { policies: policies.then(|| make(true)), none: make(false), toggled: policies.then(toggled) }
+    }
+
+    /// The policy node's [`measure_toggled`] values: `[on, off]`, each `[p50, conn/s]`.
+    fn record_toggled(&mut self, values: [[f64; 2]; 2]) {
+        if let Some(figures) = &mut self.toggled {
+            for (column, values) in [Path::EbpfCni, Path::NoPolicy].into_iter().zip(values) {
+                for (figure, value) in figures.iter_mut().zip(values) {
+                    figure.record(column, value);
+                }
+            }
+        }
     }
 
     /// `state`'s values: 1,000 policies (`EbpfCni`), this build without policy (`NoPolicy`),
@@ -108,11 +142,12 @@ impl Figures {
         }
     }
 
-    /// With policies; without, when `without` (against the previous release, or alone for a
-    /// build without NetworkPolicy).
+    /// With policies (against a node without, then on and off on one node); without, when
+    /// `without` (against the previous release, or alone for a build without NetworkPolicy).
     fn split(self, without: bool) -> (Vec<Figure>, Vec<Figure>) {
         let none = if without { self.none } else { Vec::new() };
-        (self.policies.unwrap_or_default(), none)
+        let with = self.policies.into_iter().chain(self.toggled).flatten().collect();
+        (with, none)
     }
 }
 
@@ -165,6 +200,18 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                     values[2],
                 );
                 figures.record(*state, &values);
+            }
+            if let Some((_, pair)) = nodes.iter_mut().find(|(state, _)| *state == Path::EbpfCni) {
+                let [on, off] = measure_toggled(s, pair, *flow, s.policies)?;
+                eprintln!(
+                    "policy round {round} one node, policies on / off {:22}: TCP RTT p50 {:.1} / {:.1} µs, {:.0} / {:.0} conn/s",
+                    flow.name(),
+                    on[0],
+                    off[0],
+                    on[1],
+                    off[1],
+                );
+                figures.record_toggled([on, off]);
             }
         }
         drop(nodes);
@@ -259,6 +306,46 @@ fn measure_by_turns(s: &Settings, nodes: &mut [(Path, Pair)], flow: Flow) -> Res
         sums[i][2] += rate / 2.0;
     }
     Ok(sums.into_iter().map(|s| s.to_vec()).collect())
+}
+
+/// The policy node's (`pair`'s) ping-pong p50 (µs) and connections/s with its `policies`
+/// (`[0]`) and with them taken away (`[1]`: `policy-set` with no NetworkPolicy, no pod
+/// isolated), on that one node by turns (on, off, off, on; each state's halves averaged).
+/// Against the separate no-policy node the ratio carries the spread between two nodes'
+/// placements too: two nodes of one datapath ran up to 0.3 µs apart a round on this VM, a
+/// fifth of what the target allows. On one node it has none of that.
+fn measure_toggled(s: &Settings, pair: &mut Pair, flow: Flow, policies: usize) -> Result<[[f64; 2]; 2]> {
+    let server: Ipv4Addr = pair.server_ip.parse()?;
+    let cluster = Cluster { client: client_ip(pair)?, server, node: "node-1" };
+    let (half, listen) = (s.latency_seconds.div_ceil(2), SocketAddrV4::new(server, CONN_PORT));
+    let mut sums = [[0.0; 2]; 2];
+    for on in [true, false, false, true] {
+        let tb = pair.node().context("a CNI path has a node")?;
+        if on {
+            policy_set::write_to_maps(tb, &cluster, policies)?;
+        } else {
+            policy_set::clear_maps(tb, &cluster)?;
+        }
+        let latency = dialling(pair, flow, |dialled, _| {
+            sockperf::ping_pong(dialled, sockperf::Protocol::Tcp, half, LATENCY_CPU)
+        })?;
+        let rate = dialling(pair, flow, |dialled, dial| {
+            let cgroup = dialled.client_cgroup();
+            conn_rate::per_second_in_process(
+                &dialled.client_ns,
+                cgroup,
+                &dialled.server_ns,
+                listen,
+                dial,
+                half,
+                Some(LATENCY_CPU),
+            )
+        })?;
+        let state = &mut sums[usize::from(!on)];
+        state[0] += latency.p50_us / 2.0;
+        state[1] += rate / 2.0;
+    }
+    Ok(sums)
 }
 
 /// Runs `measure` with who dials what for `flow` on `pair`'s node: the pair itself, its client

@@ -269,8 +269,20 @@ pub fn supported(plugin: &Plugin) -> bool {
 
 /// Writes `cluster`'s `policies` into the policy maps of `tb`'s network (its datapath loaded).
 pub fn write_to_maps(tb: &Testbed, cluster: &Cluster, policies: usize) -> Result<()> {
+    write_file(tb, &cluster.file(policies))
+}
+
+/// The same cluster without a NetworkPolicy: no pod isolated, every check a miss in
+/// `POLICY_ENDPOINTS` again (what a node without policy runs).
+pub fn clear_maps(tb: &Testbed, cluster: &Cluster) -> Result<()> {
+    let mut file = cluster.file(0);
+    file["networkPolicies"] = json!([]);
+    write_file(tb, &file)
+}
+
+fn write_file(tb: &Testbed, file: &Value) -> Result<()> {
     let path = tb.data_dir().with_file_name("policies.json");
-    std::fs::write(&path, cluster.file(policies).to_string())?;
+    std::fs::write(&path, file.to_string())?;
     let out = std::process::Command::new(&tb.plugin.binary)
         .args(["policy-set", "--network", &tb.network, "--bpffs-root"])
         .arg(tb.bpffs_root())
