@@ -283,29 +283,36 @@ fn measure_by_turns(s: &Settings, nodes: &mut [(Path, Pair)], flow: Flow) -> Res
     let turns = |n: usize| (0..n).chain((0..n).rev());
     let mut sums = vec![[0.0; 3]; nodes.len()];
     for i in turns(nodes.len()) {
-        let latency = dialling(&mut nodes[i].1, flow, |dialled, _| {
-            sockperf::ping_pong(dialled, sockperf::Protocol::Tcp, half, LATENCY_CPU)
-        })?;
+        let latency = ping_pong(&mut nodes[i].1, flow, half)?;
         sums[i][0] += latency.p50_us / 2.0;
         sums[i][1] += latency.p99_us / 2.0;
     }
     for i in turns(nodes.len()) {
-        let listen = SocketAddrV4::new(nodes[i].1.server_ip.parse()?, CONN_PORT);
-        let rate = dialling(&mut nodes[i].1, flow, |dialled, dial| {
-            let cgroup = dialled.client_cgroup();
-            conn_rate::per_second_in_process(
-                &dialled.client_ns,
-                cgroup,
-                &dialled.server_ns,
-                listen,
-                dial,
-                half,
-                Some(LATENCY_CPU),
-            )
-        })?;
-        sums[i][2] += rate / 2.0;
+        sums[i][2] += connection_rate(&mut nodes[i].1, flow, half)? / 2.0;
     }
     Ok(sums.into_iter().map(|s| s.to_vec()).collect())
+}
+
+/// `flow`'s TCP ping-pong on `pair`'s node for `seconds`, client and server on one CPU.
+fn ping_pong(pair: &mut Pair, flow: Flow, seconds: u32) -> Result<sockperf::Latency> {
+    dialling(pair, flow, |dialled, _| sockperf::ping_pong(dialled, sockperf::Protocol::Tcp, seconds, LATENCY_CPU))
+}
+
+/// `flow`'s new connections per second on `pair`'s node over `seconds`, on the ping-pong's CPU.
+fn connection_rate(pair: &mut Pair, flow: Flow, seconds: u32) -> Result<f64> {
+    let listen = SocketAddrV4::new(pair.server_ip.parse()?, CONN_PORT);
+    dialling(pair, flow, |dialled, dial| {
+        let cgroup = dialled.client_cgroup();
+        conn_rate::per_second_in_process(
+            &dialled.client_ns,
+            cgroup,
+            &dialled.server_ns,
+            listen,
+            dial,
+            seconds,
+            Some(LATENCY_CPU),
+        )
+    })
 }
 
 /// The policy node's (`pair`'s) ping-pong p50 (µs) and connections/s with its `policies`
@@ -317,7 +324,7 @@ fn measure_by_turns(s: &Settings, nodes: &mut [(Path, Pair)], flow: Flow) -> Res
 fn measure_toggled(s: &Settings, pair: &mut Pair, flow: Flow, policies: usize) -> Result<[[f64; 2]; 2]> {
     let server: Ipv4Addr = pair.server_ip.parse()?;
     let cluster = Cluster { client: client_ip(pair)?, server, node: "node-1" };
-    let (half, listen) = (s.latency_seconds.div_ceil(2), SocketAddrV4::new(server, CONN_PORT));
+    let half = s.latency_seconds.div_ceil(2);
     let mut sums = [[0.0; 2]; 2];
     for on in [true, false, false, true] {
         let tb = pair.node().context("a CNI path has a node")?;
@@ -326,24 +333,9 @@ fn measure_toggled(s: &Settings, pair: &mut Pair, flow: Flow, policies: usize) -
         } else {
             policy_set::clear_maps(tb, &cluster)?;
         }
-        let latency = dialling(pair, flow, |dialled, _| {
-            sockperf::ping_pong(dialled, sockperf::Protocol::Tcp, half, LATENCY_CPU)
-        })?;
-        let rate = dialling(pair, flow, |dialled, dial| {
-            let cgroup = dialled.client_cgroup();
-            conn_rate::per_second_in_process(
-                &dialled.client_ns,
-                cgroup,
-                &dialled.server_ns,
-                listen,
-                dial,
-                half,
-                Some(LATENCY_CPU),
-            )
-        })?;
         let state = &mut sums[usize::from(!on)];
-        state[0] += latency.p50_us / 2.0;
-        state[1] += rate / 2.0;
+        state[0] += ping_pong(pair, flow, half)?.p50_us / 2.0;
+        state[1] += connection_rate(pair, flow, half)? / 2.0;
     }
     Ok(sums)
 }
