@@ -1,5 +1,5 @@
 //! NetworkPolicy across an upgrade from the previous release (`EBPF_CNI_PREVIOUS_RELEASE_BIN`,
-//! d46b81b, with NetworkPolicy; this build's pin layout v4). That release loads the
+//! cbce232, with NetworkPolicy; this build's pin layout v4). That release loads the
 //! datapath and its `policy-set` isolates pod b: only pod a may reach b's port 8080. A TCP
 //! connection a → b:8080 is open across the binary swap. This build then writes the same input
 //! plus a new pod d of a's labels into the old release's maps (the programs stay the old ones):

@@ -1,4 +1,4 @@
-//! An upgrade from the previous release (`EBPF_CNI_PREVIOUS_RELEASE_BIN`, d46b81b, built by
+//! An upgrade from the previous release (`EBPF_CNI_PREVIOUS_RELEASE_BIN`, cbce232, built by
 //! `cargo xtask test` from git history), whose pinned layout is this build's own (v4): the new
 //! binary finds pins the old one loaded and takes them as its own, so it must attach to them
 //! and never load the programs again while pods use them. Pods of the old binary keep their

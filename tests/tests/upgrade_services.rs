@@ -1,6 +1,6 @@
 //! Issue 25: "An agent restart or an upgrade from the previous release keeps open connections
 //! and Services working (maps pinned; no flap while the agent resyncs)". A LAN of two nodes runs
-//! the previous release (`EBPF_CNI_PREVIOUS_RELEASE_BIN`, d46b81b, this build's pin layout v4),
+//! the previous release (`EBPF_CNI_PREVIOUS_RELEASE_BIN`, cbce232, this build's pin layout v4),
 //! node 1 with `kubeProxyReplacement` (its socket LB in a cgroup of the test's own); that
 //! release's `service-set` writes a ClusterIP (TCP and UDP) and a NodePort (TCP), all to pod a
 //! on node 1. Open across the upgrade: a TCP connection and a connected UDP socket of a client

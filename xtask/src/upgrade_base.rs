@@ -7,10 +7,10 @@ use anyhow::{Context, Result};
 
 use crate::{cargo_output, cmd};
 
-/// The previous release, d46b81b: the same pinned layout as this build (v4), so a node upgrading
+/// The previous release, cbce232: the same pinned layout as this build (v4), so a node upgrading
 /// from it finds its own layout's pins already loaded (`EBPF_CNI_PREVIOUS_RELEASE_BIN`,
 /// `tests/tests/upgrade_same_layout.rs`).
-pub const PREVIOUS_RELEASE: &str = "d46b81b";
+pub const PREVIOUS_RELEASE: &str = "cbce232";
 
 /// The previous layout's last release, 52899e9 (v3): this build attaches to its pins until the
 /// network's last pod is gone (`EBPF_CNI_BASE_BIN`, `tests/tests/upgrade.rs`).
