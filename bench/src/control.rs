@@ -1,9 +1,9 @@
 //! Control plane: wall time of ADD and DEL as a runtime sees it (exec to exit): the first ADD
 //! on a fresh node (`cold.rs`), then ADD and DEL with 1, 100 and 1,000 pods already on the
 //! node, the node's iptables ruleset at each level, and how flat ADD and DEL stay (p50 at the
-//! highest level over p50 at the lowest: nothing a verb does may grow with the pods). Each plugin has its own node; at every
-//! level the plugins take turns, round by round, adding a batch of pods and deleting it again,
-//! so the level holds while it is measured. Both masquerade (bridge's `ipMasq` with iptables,
+//! highest level over p50 at the lowest: nothing a verb does may grow with the pods). Each plugin
+//! has its own node, alone on the machine while it is measured; at every level each round adds
+//! a batch of pods and deletes it again, so the level holds while it is measured. Both masquerade (bridge's `ipMasq` with iptables,
 //! ours in BPF on the node's uplink), as a node that sends pods outside does.
 use anyhow::{Result, ensure};
 use ebpf_cni_tests::{Plugin, Testbed, run_in};
@@ -13,7 +13,7 @@ use crate::{
     Settings,
     report::{self, Better::*, Figure},
     stats::Samples,
-    topology::{self, Family, Path},
+    topology::{Family, Path},
 };
 
 const SECTION: &str = "control plane";
@@ -158,26 +158,21 @@ pub struct Contended {
 
 pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
     let mut figures = crate::cold::run(s, ours)?;
-    let mut nodes = [Node::new(Path::EbpfCni, ours)?, Node::new(Path::Bridge, ours)?];
-    let (mut add_p50_by_level, mut del_p50_by_level) = (Vec::new(), Vec::new());
-    for &level in &s.pod_levels {
-        for node in &mut nodes {
-            while node.attached < level {
+    let mut levels: Vec<Level> = s.pod_levels.iter().map(|&pods| Level::new(pods)).collect();
+    // One plugin's node at a time, as a real node runs one plugin. With both nodes filled the
+    // machine held 2,000 pods' namespaces and veths at the top level, and what the kernel keeps
+    // machine-wide for them made each plugin's verbs pay for the other's pods too: ebpf-cni's
+    // ADD at 1,000 pods read 1.31–1.33× its 1-pod time that way, 1.10× in the same batches on
+    // its node alone (`--add-loop`'s node). A node and its pods go before the next plugin's
+    // are added; within a level the rounds run back to back.
+    for path in Path::PLUGINS {
+        let mut node = Node::new(path, ours)?;
+        for level in &mut levels {
+            while node.attached < level.pods {
                 node.add()?;
             }
-        }
-        let bridge = Some(Path::Bridge);
-        let mut add = Figure::new(SECTION, format!("ADD p50, {}", pods(level)), "ms", Lower).target(bridge, 0.4);
-        let mut add99 = Figure::new(SECTION, format!("ADD p99, {}", pods(level)), "ms", Lower).pooled_p99();
-        let mut del = Figure::new(SECTION, format!("DEL p50, {}", pods(level)), "ms", Lower).target(bridge, 0.2);
-        let mut del99 = Figure::new(SECTION, format!("DEL p99, {}", pods(level)), "ms", Lower).pooled_p99();
-        let mut rules = Figure::new(SECTION, format!("iptables-save lines, {}", pods(level)), "lines", Lower);
-        for round in 0..s.rounds {
-            for path in topology::rotated(Path::PLUGINS, round) {
-                let node = nodes.iter_mut().find(|n| n.path == path).expect("a node per plugin");
-                if round == 0 {
-                    rules.record(path, node.iptables_lines()?);
-                }
+            level.rules.record(path, node.iptables_lines()?);
+            for round in 0..s.rounds {
                 crate::cpu::wait_idle()?;
                 let (mut adds, mut dels) = (Samples::default(), Samples::default());
                 let mut batch = Vec::new();
@@ -187,32 +182,63 @@ pub fn run(s: &Settings, ours: &Plugin) -> Result<Vec<Figure>> {
                     adds.push(ms);
                 }
                 for pod in batch {
-                    let ms = node.del(pod)?;
-                    dels.push(ms);
+                    dels.push(node.del(pod)?);
                 }
                 eprintln!(
-                    "control {level:3} pods round {round} {:8}: ADD p50 {:.1} ms, DEL p50 {:.1} ms",
+                    "control {:4} pods round {round} {:8}: ADD p50 {:.1} ms, DEL p50 {:.1} ms",
+                    level.pods,
                     path.name(),
                     adds.median(),
                     dels.median()
                 );
-                add.record(path, adds.median());
-                del.record(path, dels.median());
-                add99.record_round(path, &adds);
-                del99.record_round(path, &dels);
+                level.record(path, &adds, &dels);
             }
         }
-        add_p50_by_level.push(medians(&add));
-        del_p50_by_level.push(medians(&del));
-        figures.extend([add, add99, del, del99, rules]);
+    }
+    let (first, top) = (levels.first().map(|l| l.pods), levels.last().map(|l| l.pods));
+    let add_p50_by_level: Vec<_> = levels.iter().map(|l| medians(&l.add)).collect();
+    let del_p50_by_level: Vec<_> = levels.iter().map(|l| medians(&l.del)).collect();
+    for level in levels {
+        figures.extend([level.add, level.add99, level.del, level.del99, level.rules]);
     }
     // Flat: p50 at the highest level over p50 at the lowest.
-    if let (Some(first), Some(top)) = (s.pod_levels.first(), s.pod_levels.last()) {
+    if let (Some(first), Some(top)) = (first, top) {
         for (verb, by_level) in [("ADD", &add_p50_by_level), ("DEL", &del_p50_by_level)] {
-            figures.push(flatness(verb, by_level, *first, *top));
+            figures.push(flatness(verb, by_level, first, top));
         }
     }
     Ok(figures)
+}
+
+/// One pod level's figures, both plugins' values.
+struct Level {
+    pods: usize,
+    add: Figure,
+    add99: Figure,
+    del: Figure,
+    del99: Figure,
+    rules: Figure,
+}
+
+impl Level {
+    fn new(level: usize) -> Self {
+        let bridge = Some(Path::Bridge);
+        Self {
+            pods: level,
+            add: Figure::new(SECTION, format!("ADD p50, {}", pods(level)), "ms", Lower).target(bridge, 0.4),
+            add99: Figure::new(SECTION, format!("ADD p99, {}", pods(level)), "ms", Lower).pooled_p99(),
+            del: Figure::new(SECTION, format!("DEL p50, {}", pods(level)), "ms", Lower).target(bridge, 0.2),
+            del99: Figure::new(SECTION, format!("DEL p99, {}", pods(level)), "ms", Lower).pooled_p99(),
+            rules: Figure::new(SECTION, format!("iptables-save lines, {}", pods(level)), "lines", Lower),
+        }
+    }
+
+    fn record(&mut self, path: Path, adds: &Samples, dels: &Samples) {
+        self.add.record(path, adds.median());
+        self.del.record(path, dels.median());
+        self.add99.record_round(path, adds);
+        self.del99.record_round(path, dels);
+    }
 }
 
 /// Each path's median of a figure.

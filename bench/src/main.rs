@@ -329,7 +329,7 @@ fn markdown(title: &str, s: &Settings, load_before: &str, table: &str) -> Result
         "# {title}\n\n{}\n\n\
          Load average {load_before} when the run started. {} rounds; each round measures every path once, in a rotating order. \
          iperf3 runs {} s, sockperf and connection-rate runs {} s; ADD/DEL: {} pods added then deleted per \
-         plugin, round and level. Each cell is the median over rounds with, in parentheses, the spread \
+         plugin, round and level, each plugin's node alone on the machine. Each cell is the median over rounds with, in parentheses, the spread \
          of the rounds (lowest–highest round); ADD/DEL p99 rows: the p99 of all samples, and the spread \
          of the rounds' own p99s (a ping-pong p99 is each round's sockperf p99, like any other figure). \"÷\" columns are ebpf-cni's median divided by that path's, with the lowest–highest \
          per-round ratio in parentheses; targets are judged on the ratio of the medians. \
