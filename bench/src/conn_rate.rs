@@ -3,7 +3,7 @@
 //! sits on its side and the client never runs out of ports.
 use std::{
     io::{Read as _, Write as _},
-    net::{SocketAddrV4, TcpStream},
+    net::{SocketAddrV4, TcpListener, TcpStream},
     process::Command,
     sync::{
         Arc,
@@ -102,22 +102,7 @@ fn serving(
     crate::cpu::wait_idle()?;
     let listener = tcp_listener(server_ns, listen)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let serving = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            if let Some(cpu) = cpu {
-                pin_this_thread(cpu);
-            }
-            for stream in listener.incoming() {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                if let Ok(mut stream) = stream {
-                    let _ = stream.write_all(b"x");
-                }
-            }
-        })
-    };
+    let serving = answer_each(listener, cpu, stop.clone());
     let rate = client();
     // One more connection wakes the server so that it sees `stop`.
     stop.store(true, Ordering::Relaxed);
@@ -126,6 +111,24 @@ fn serving(
         let _ = serving.join();
     }
     rate
+}
+
+/// The connection rate's server: a thread (on `cpu`, when given) that answers each connection
+/// on `listener` with one byte, until a connection finds `stop` set.
+pub fn answer_each(listener: TcpListener, cpu: Option<usize>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        if let Some(cpu) = cpu {
+            pin_this_thread(cpu);
+        }
+        for stream in listener.incoming() {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            if let Ok(mut stream) = stream {
+                let _ = stream.write_all(b"x");
+            }
+        }
+    })
 }
 
 /// Runs the calling thread on `cpu` alone, if the machine has it.

@@ -33,12 +33,9 @@ pub fn run(path: Path, cross: bool, policies: Option<usize>, ours: &Plugin) -> R
         // The connection rate's server, for a hand-run `--conn-client` (on the ping-pong's CPU).
         let listen = std::net::SocketAddrV4::new(pair.server_ip.parse()?, crate::service_set::CONN_PORT);
         let listener = ebpf_cni_tests::traffic::tcp_listener(&pair.server_ns, listen)?;
-        std::thread::spawn(move || {
-            crate::conn_rate::pin_this_thread(crate::sockperf::LATENCY_CPU);
-            for mut stream in listener.incoming().flatten() {
-                let _ = std::io::Write::write_all(&mut stream, b"x");
-            }
-        });
+        // Never stopped: the process ends with the hold.
+        let never = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        crate::conn_rate::answer_each(listener, Some(crate::sockperf::LATENCY_CPU), never);
         println!("serving {listen}");
     }
     println!("kept until Enter");
