@@ -3,8 +3,9 @@
 //! node, the node's iptables ruleset at each level, and how flat ADD and DEL stay (p50 at the
 //! highest level over p50 at the lowest: nothing a verb does may grow with the pods). Each plugin
 //! has its own node, alone on the machine while it is measured; at every level each round adds
-//! a batch of pods and deletes it again, so the level holds while it is measured. Both masquerade (bridge's `ipMasq` with iptables,
-//! ours in BPF on the node's uplink), as a node that sends pods outside does.
+//! a batch of pods and deletes it again, so the level holds while it is measured. Both
+//! masquerade (bridge's `ipMasq` with iptables, ours in BPF on the node's uplink), as a node
+//! that sends pods outside does.
 use anyhow::{Result, ensure};
 use ebpf_cni_tests::{Plugin, Testbed, run_in};
 use serde_json::Value;
