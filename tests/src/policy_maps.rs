@@ -56,6 +56,15 @@ impl Policy {
         policy
     }
 
+    /// [`Policy::open`], with each pod address of `pods` given its identity.
+    pub fn with_identities<I: Into<IpAddr>>(tb: &Testbed, pods: impl IntoIterator<Item = (I, u32)>) -> Self {
+        let mut policy = Self::open(tb);
+        for (ip, identity) in pods {
+            policy.identity(ip, identity);
+        }
+        policy
+    }
+
     pub fn identity_prefix(&mut self, ip: IpAddr, bits: u32, identity: u32) {
         let key = Key::new(identity_prefix_len(bits), ip_key(ip));
         self.identities.insert(&key, PolicyIdentity { identity, pad: 0 }, 0).unwrap();

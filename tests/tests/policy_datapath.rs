@@ -76,10 +76,7 @@ fn isolated_pods_on_one_node_get_what_their_rules_allow_and_the_replies() {
     servers.tcp(&ns[0], SocketAddrV4::new(v4(a), 7070)).unwrap();
     servers.tcp(&ns[2], SocketAddrV4::new(v4(c), 8080)).unwrap();
 
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C)] {
-        policy.identity(v4(pod), id);
-    }
+    let mut policy = Policy::with_identities(&tb, [(v4(a), A), (v4(b), B), (v4(c), C)]);
     policy.identity(NODE_IP.parse::<Ipv4Addr>().unwrap(), IDENTITY_HOST);
     // b: ingress isolated (denials on slot 1); a may reach it on TCP 8080 (slot 2) and UDP (3).
     policy.subject(v4(b), B, POLICY_INGRESS_ISOLATED, 1, 0);
@@ -354,10 +351,7 @@ fn a_service_translated_by_the_stack_is_judged_against_its_backend() {
     }
     let vip = |last| SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, last), 80);
     assert!(reaches_tcp(&ns[0], vip(10)), "a → Service → b:8080 without policy");
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C)] {
-        policy.identity(pod.ip, id);
-    }
+    let mut policy = Policy::with_identities(&tb, [(a.ip, A), (b.ip, B), (c.ip, C)]);
     // a: nothing in, out only to b:8080.
     policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED | POLICY_EGRESS_ISOLATED, 1, 2);
     policy.allow(A, B, POLICY_DIRECTION_EGRESS, TCP, Some(8080), 3);

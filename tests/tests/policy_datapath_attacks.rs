@@ -71,10 +71,7 @@ fn pods_sharing_a_slot_are_each_enforced_by_their_own_entry() {
     servers.tcp(&ns[1], SocketAddrV4::new(b.ip, 8080)).unwrap();
     servers.tcp(&ns[3], SocketAddrV4::new(d.ip, 8080)).unwrap();
 
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C), (d, D)] {
-        policy.identity(pod.ip, id);
-    }
+    let mut policy = Policy::with_identities(&tb, [(a.ip, A), (b.ip, B), (c.ip, C), (d.ip, D)]);
     // b lets in a only, d lets in c only: each pod's rules, each pod's verdicts.
     policy.allow(B, A, POLICY_DIRECTION_INGRESS, TCP, Some(8080), 2);
     policy.allow(D, C, POLICY_DIRECTION_INGRESS, TCP, Some(8080), 3);
@@ -376,10 +373,7 @@ fn one_pod_opening_flows_without_end_gets_a_bounded_share_of_the_cache() {
     let Some(mut tb) = Testbed::for_test(test, "polbu", "10.222.0.0/24") else { return };
     let pods = tb.add_attachments(3).unwrap();
     let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C)] {
-        policy.identity(pod.ip, id);
-    }
+    let mut policy = Policy::with_identities(&tb, [(a.ip, A), (b.ip, B), (c.ip, C)]);
     // a and b may send UDP to c, on any port.
     for (pod, id) in [(a, A), (b, B)] {
         policy.subject(pod.ip, id, POLICY_EGRESS_ISOLATED, 0, 1);
@@ -541,10 +535,7 @@ fn icmp_errors_about_an_allowed_flow_pass_and_no_others() {
     let Some(mut tb) = Testbed::for_test(test, "polic", "10.223.0.0/24") else { return };
     let pods = tb.add_attachments(3).unwrap();
     let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C)] {
-        policy.identity(pod.ip, id);
-    }
+    let mut policy = Policy::with_identities(&tb, [(a.ip, A), (b.ip, B), (c.ip, C)]);
     policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
     // a's datagram to b: a's flow, remembered by a's egress check (not isolated that way).
     let datagram = udp_ports(a, b.ip, (4000, 53));
@@ -681,10 +672,7 @@ fn icmpv6_errors_about_an_allowed_flow_pass_and_no_others() {
     let Some(mut tb) = Testbed::for_test(test, "polic6", "10.236.0.0/24") else { return };
     let pods = add_pods6(&mut tb, ["10.236.0.0/24", "fd00:10:236::/64"], 3);
     let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C)] {
-        policy.identity(pod.ip, id);
-    }
+    let mut policy = Policy::with_identities(&tb, [(a.ip, A), (b.ip, B), (c.ip, C)]);
     policy.subject(a.ip, A, POLICY_INGRESS_ISOLATED, 1, 0);
     // a's datagram to b: a's flow, remembered by a's egress check (not isolated that way).
     let datagram = udp6(a, b.ip, (4000, 53));
@@ -724,10 +712,7 @@ fn icmpv6_errors_between_two_subjects_ride_the_pair_entry_or_are_judged_as_thems
     let Some(mut tb) = Testbed::for_test(test, "polpe6", "10.236.1.0/24") else { return };
     let pods = add_pods6(&mut tb, ["10.236.1.0/24", "fd00:10:236:1::/64"], 3);
     let (a, b, c) = (&pods[0], &pods[1], &pods[2]);
-    let mut policy = Policy::open(&tb);
-    for (pod, id) in [(a, A), (b, B), (c, C)] {
-        policy.identity(pod.ip, id);
-    }
+    let mut policy = Policy::with_identities(&tb, [(a.ip, A), (b.ip, B), (c.ip, C)]);
     let cpu = prog_run::cpus()[0];
     let run = |from: &Pod6, frame| prog_run::run_on_cpu(&tb, cpu, "from_pod", &from.host_ifname, frame).0;
     // a may send UDP to port 53 (its ingress is open); b to port 4000 and nothing else.

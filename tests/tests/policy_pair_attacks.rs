@@ -46,10 +46,7 @@ fn icmp_error(from: &Attached, to: Ipv4Addr, kind: (u8, u8), quoted: &[u8]) -> V
 /// the node's policy maps.
 fn pods_with_identities(tb: &mut Testbed, count: usize) -> (Vec<Attached>, Policy) {
     let pods = tb.add_attachments(count).unwrap();
-    let mut policy = Policy::open(tb);
-    for (pod, id) in pods.iter().zip([A, B, C]) {
-        policy.identity(pod.ip, id);
-    }
+    let policy = Policy::with_identities(tb, pods.iter().zip([A, B, C]).map(|(pod, id)| (pod.ip, id)));
     (pods, policy)
 }
 
